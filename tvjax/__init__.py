@@ -1,0 +1,61 @@
+"""tvjax: total variation distance between autoregressive models.
+
+The public API is flat and loaded lazily, so that `tvjax.pools` and `tvjax.engines`
+(which run inside inference engines' own Python environments) import without JAX.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # instances
+    "BlockProcess": "tvjax.instances",
+    "RareEscapeProcess": "tvjax.instances",
+    "TabularProcess": "tvjax.instances",
+    "paper_block_pair": "tvjax.instances",
+    "block_pair": "tvjax.instances",
+    "rare_escape_pair": "tvjax.instances",
+    "random_tabular_pair": "tvjax.instances",
+    "exact_tv": "tvjax.instances",
+    # oracles
+    "Exact": "tvjax.oracles",
+    "Noisy": "tvjax.oracles",
+    "LogitNoise": "tvjax.oracles",
+    "Sampler": "tvjax.oracles",
+    # currency
+    "mixture_z": "tvjax.currency",
+    "likelihood_ratio_term": "tvjax.currency",
+    # estimators
+    "Estimate": "tvjax.estimators",
+    "LevelStats": "tvjax.estimators",
+    "Schedule": "tvjax.estimators",
+    "paper_schedule": "tvjax.estimators",
+    "likelihood_ratio": "tvjax.estimators",
+    "mixture": "tvjax.estimators",
+    "plugin": "tvjax.estimators",
+    "multilevel": "tvjax.estimators",
+    "sample_only": "tvjax.estimators",
+    "plugin_kl": "tvjax.estimators",
+    "k3_pinsker": "tvjax.estimators",
+    "naive_noisy_plugin": "tvjax.estimators",
+    # front door
+    "TVEstimate": "tvjax.api",
+    "estimate_tv": "tvjax.api",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in {"instances", "oracles", "currency", "estimators", "api", "pools", "analysis", "engines"}:
+        return importlib.import_module(f"tvjax.{name}")
+    raise AttributeError(f"module 'tvjax' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__
