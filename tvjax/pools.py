@@ -1,0 +1,518 @@
+"""Score pools: the on-disk form of the shared currency (realized-token log-probability draws).
+
+A pool holds, for each sampling side ("pi", "mu"), N trajectories of length n, and for every
+(side, scorer) pair R replay-scoring passes of realized-token log-probabilities (optionally with the
+top-k ids and log-probabilities of every pass). It is a zarr v3 directory store plus a folder of
+commit markers.
+
+This module imports no JAX (only numpy, zarr and the standard library): engine bridges import it
+inside engine virtualenvs.
+
+Layout of a pool directory::
+
+    POOL/zarr.json                          group; attributes: format_version, spec, metadata
+    POOL/tokens/{side}                      int32   [N, n]
+    POOL/sample_logprobs/{side}             float32 [N, n]        (if spec.sample_logprobs)
+    POOL/logprobs/{side}/{scorer}           float32 [N, n, R]     (-inf = zero mass)
+    POOL/topk_ids/{side}/{scorer}           int32   [N, n, R, k]  (if spec.top_k)
+    POOL/topk_logprobs/{side}/{scorer}      float32 [N, n, R, k]  (if spec.top_k)
+    POOL/commits/{shard}.json               one marker per committed shard
+
+Writes are shards: a block of rows of a side's tokens (``write_tokens``), or a block
+(rows a:b, passes c:d) of one scorer's draws on one side (``write_draws``). Data is written first,
+then the shard's marker is committed atomically (temp file + ``os.replace``). Only committed
+shards count: a campaign killed mid-shard loses that shard only, and a resumed writer rewrites it.
+Committed regions are append-only: a shard that overlaps a committed one is refused, so no
+trajectory is ever written twice or lost.
+
+Typical engine use (one replay pass over all N trajectories at a time)::
+
+    writer = create_pool(path, n=500, num_per_side=512, repeats=16, scorers=("vllm", "sglang"),
+                         top_k=20, metadata={...}, exist_ok=True)      # exist_ok: resume
+    if not writer.is_done(tokens_key("pi", 0, 512)):
+        writer.write_tokens("pi", 0, tokens, sample_logprobs=lp)
+    for j in range(16):
+        if not writer.is_done(draws_key("pi", "vllm", 0, 512, j, j + 1)):
+            writer.write_draws("pi", "vllm", 0, j, logprobs[:, :, None], topk_ids=..., topk_logprobs=...)
+    pool = load_pool(path)
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import zarr
+
+FORMAT_VERSION = 1
+SIDES = ("pi", "mu")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_COMMITS = "commits"
+
+
+class PoolError(Exception):
+    """A pool is missing, incomplete, damaged, or does not match what was asked of it."""
+
+
+class PoolSpec(NamedTuple):
+    """Declared sizes of a pool.
+
+    n: positions per trajectory; num_per_side: N trajectories per side; repeats: R scoring passes;
+    scorers: names of the scoring models/engines (e.g. ("pi", "mu") or ("vllm", "sglang"));
+    samplers: (scorer that sampled the pi side, scorer that sampled the mu side), default the first
+    two scorers -- this is the pair whose TV is estimated and whose "own tokens" are checked;
+    top_k: width k of the stored top-k readout or None; sample_logprobs: whether the log-probs seen at
+    sampling time are stored; row_chunk / pass_chunk: zarr chunk sizes along trajectories / passes.
+    """
+
+    n: int
+    num_per_side: int
+    repeats: int
+    scorers: tuple[str, ...]
+    samplers: tuple[str, str]
+    top_k: int | None
+    sample_logprobs: bool
+    row_chunk: int
+    pass_chunk: int
+
+
+class Pool(NamedTuple):
+    """A loaded pool: numpy arrays of the currency plus metadata.
+
+    tokens[side]: int32 [N_s, n]; sample_logprobs[side]: float32 [N_s, n] (None if not stored);
+    logprobs[side][scorer]: float32 [N_s, n, R'] realized-token log-probability draws;
+    topk_ids[side][scorer]: int32 [N_s, n, R', k] and topk_logprobs[side][scorer]: float32
+    [N_s, n, R', k] (None if not stored); rows[side]: indices of the loaded trajectories
+    (all of 0..N-1 for a complete load); passes: indices of the loaded passes (0..R-1 when complete).
+    """
+
+    spec: PoolSpec
+    metadata: dict[str, Any]
+    tokens: dict[str, np.ndarray]
+    sample_logprobs: dict[str, np.ndarray] | None
+    logprobs: dict[str, dict[str, np.ndarray]]
+    topk_ids: dict[str, dict[str, np.ndarray]] | None
+    topk_logprobs: dict[str, dict[str, np.ndarray]] | None
+    rows: dict[str, np.ndarray]
+    passes: np.ndarray
+
+
+def tokens_key(side: str, row_start: int, row_stop: int) -> str:
+    """Shard key of tokens (and sample log-probs) rows [row_start, row_stop) of `side`."""
+    return f"tokens.{side}.r{row_start}-{row_stop}"
+
+
+def draws_key(side: str, scorer: str, row_start: int, row_stop: int, pass_start: int, pass_stop: int) -> str:
+    """Shard key of `scorer`'s draws on `side`, rows [row_start, row_stop), passes [pass_start, pass_stop)."""
+    return f"draws.{side}.{scorer}.r{row_start}-{row_stop}.p{pass_start}-{pass_stop}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name) or name == _COMMITS:
+        raise PoolError(f"invalid {kind} name {name!r}: use letters, digits, '_', '-', '.'")
+
+
+def make_spec(
+    *,
+    n: int,
+    num_per_side: int,
+    repeats: int,
+    scorers=("pi", "mu"),
+    samplers=None,
+    top_k: int | None = None,
+    sample_logprobs: bool = False,
+    row_chunk: int | None = None,
+    pass_chunk: int = 1,
+) -> PoolSpec:
+    """Validate declared sizes and return a PoolSpec (row_chunk defaults to min(N, 256))."""
+    scorers = tuple(scorers)
+    for value, name in ((n, "n"), (num_per_side, "num_per_side"), (repeats, "repeats"), (pass_chunk, "pass_chunk")):
+        if int(value) != value or value < 1:
+            raise PoolError(f"{name} must be a positive integer, got {value!r}")
+    if not scorers or len(set(scorers)) != len(scorers):
+        raise PoolError(f"scorers must be distinct and non-empty, got {scorers!r}")
+    for s in scorers:
+        _check_name("scorer", s)
+    samplers = tuple(scorers[:2]) if samplers is None else tuple(samplers)
+    if len(samplers) != 2 or any(s not in scorers for s in samplers):
+        raise PoolError(f"samplers must be two of the scorers {scorers!r}, got {samplers!r}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise PoolError(f"top_k must be None or a positive integer, got {top_k!r}")
+    row_chunk = min(int(num_per_side), 256) if row_chunk is None else int(row_chunk)
+    if row_chunk < 1:
+        raise PoolError(f"row_chunk must be positive, got {row_chunk}")
+    return PoolSpec(int(n), int(num_per_side), int(repeats), scorers, samplers,
+                    None if top_k is None else int(top_k), bool(sample_logprobs), row_chunk, int(pass_chunk))
+
+
+def _spec_to_json(spec: PoolSpec) -> dict:
+    d = spec._asdict()
+    d["scorers"] = list(spec.scorers)
+    d["samplers"] = list(spec.samplers)
+    return d
+
+
+def _spec_from_json(d: dict) -> PoolSpec:
+    missing = [f for f in PoolSpec._fields if f not in d]
+    if missing:
+        raise PoolError(f"pool spec is missing fields {missing}")
+    return make_spec(**{k: d[k] for k in PoolSpec._fields})
+
+
+def _array_layout(spec: PoolSpec) -> dict[str, tuple[tuple[int, ...], str, tuple[int, ...]]]:
+    """Every array path of a pool -> (shape, dtype, chunks)."""
+    N, n, R, k = spec.num_per_side, spec.n, spec.repeats, spec.top_k
+    rc, pc = min(spec.row_chunk, N), min(spec.pass_chunk, R)
+    out = {}
+    for side in SIDES:
+        out[f"tokens/{side}"] = ((N, n), "int32", (rc, n))
+        if spec.sample_logprobs:
+            out[f"sample_logprobs/{side}"] = ((N, n), "float32", (rc, n))
+        for sc in spec.scorers:
+            out[f"logprobs/{side}/{sc}"] = ((N, n, R), "float32", (rc, n, pc))
+            if k is not None:
+                out[f"topk_ids/{side}/{sc}"] = ((N, n, R, k), "int32", (rc, n, pc, k))
+                out[f"topk_logprobs/{side}/{sc}"] = ((N, n, R, k), "float32", (rc, n, pc, k))
+    return out
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _read_commits(path: Path) -> dict[str, dict]:
+    folder = path / _COMMITS
+    if not folder.is_dir():
+        raise PoolError(f"{path}: no '{_COMMITS}' folder; not a pool or damaged")
+    out = {}
+    for f in sorted(folder.glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise PoolError(f"{path}: unreadable commit marker {f.name}: {e}") from e
+        out[rec["key"]] = rec
+    return out
+
+
+class PoolWriter:
+    """Append-only, shard-atomic writer of one pool. Obtain one with `create_pool` or `open_pool_writer`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._group = _open_group(self.path, mode="r+")
+        self.spec, self.metadata = _read_header(self._group, self.path)
+        self._committed = _read_commits(self.path)
+
+    def done_shards(self) -> set[str]:
+        """Keys of all committed shards."""
+        return set(self._committed)
+
+    def is_done(self, key: str) -> bool:
+        """Whether the shard `key` (see `tokens_key` / `draws_key`) is committed."""
+        return key in self._committed
+
+    def update_metadata(self, **entries: Any) -> None:
+        """Merge JSON-serializable entries into the pool metadata (e.g. finished_at)."""
+        meta = dict(self.metadata, **entries)
+        json.dumps(meta)
+        self._group.attrs["metadata"] = meta
+        self.metadata = meta
+
+    def write_tokens(self, side: str, row_start: int, tokens, sample_logprobs=None) -> str:
+        """Write and commit tokens[a:b] (int [b-a, n]) of `side`, with sample-time log-probs when the
+        spec stores them. Returns the shard key. Refuses a block overlapping a committed one."""
+        spec = self.spec
+        _check_side(side)
+        tokens = np.asarray(tokens)
+        rows = _rows(row_start, tokens.shape[0], spec.num_per_side)
+        _check_block("tokens", tokens, (rows[1] - rows[0], spec.n), np.integer)
+        if spec.sample_logprobs != (sample_logprobs is not None):
+            raise PoolError(f"spec.sample_logprobs={spec.sample_logprobs} but sample_logprobs "
+                            f"{'was not' if sample_logprobs is None else 'was'} given")
+        key = tokens_key(side, *rows)
+        self._refuse_overlap(key, "tokens", side, None, rows, None)
+        self._group[f"tokens/{side}"][rows[0]:rows[1]] = tokens.astype(np.int32)
+        if sample_logprobs is not None:
+            slp = np.asarray(sample_logprobs)
+            _check_block("sample_logprobs", slp, tokens.shape, np.floating)
+            self._group[f"sample_logprobs/{side}"][rows[0]:rows[1]] = slp.astype(np.float32)
+        self._commit(key, "tokens", side, None, rows, None)
+        return key
+
+    def write_draws(self, side: str, scorer: str, row_start: int, pass_start: int, logprobs,
+                    topk_ids=None, topk_logprobs=None) -> str:
+        """Write and commit `scorer`'s draws on `side`: logprobs float [b-a, n, d-c] for rows a:b and
+        passes c:d (a = row_start, c = pass_start), plus top-k ids / log-probs [b-a, n, d-c, k] when
+        the spec has top_k. Returns the shard key. Refuses a block overlapping a committed one."""
+        spec = self.spec
+        _check_side(side)
+        if scorer not in spec.scorers:
+            raise PoolError(f"unknown scorer {scorer!r}; the pool has {spec.scorers}")
+        logprobs = np.asarray(logprobs)
+        if logprobs.ndim != 3:
+            raise PoolError(f"logprobs block must be [rows, n, passes], got shape {logprobs.shape}")
+        rows = _rows(row_start, logprobs.shape[0], spec.num_per_side)
+        passes = _passes(pass_start, logprobs.shape[2], spec.repeats)
+        _check_block("logprobs", logprobs, (rows[1] - rows[0], spec.n, passes[1] - passes[0]), np.floating)
+        if np.isnan(logprobs).any():
+            raise PoolError("logprobs block contains NaN; a zero-mass draw is -inf, never NaN")
+        if (spec.top_k is None) != (topk_ids is None) or (topk_ids is None) != (topk_logprobs is None):
+            raise PoolError(f"spec.top_k={spec.top_k}: top-k ids and log-probs must both be "
+                            f"{'omitted' if spec.top_k is None else 'given'}")
+        key = draws_key(side, scorer, *rows, *passes)
+        self._refuse_overlap(key, "draws", side, scorer, rows, passes)
+        sl = (slice(*rows), slice(None), slice(*passes))
+        self._group[f"logprobs/{side}/{scorer}"][sl] = logprobs.astype(np.float32)
+        if topk_ids is not None:
+            shape = logprobs.shape + (spec.top_k,)
+            ids, tlp = np.asarray(topk_ids), np.asarray(topk_logprobs)
+            _check_block("topk_ids", ids, shape, np.integer)
+            _check_block("topk_logprobs", tlp, shape, np.floating)
+            self._group[f"topk_ids/{side}/{scorer}"][sl] = ids.astype(np.int32)
+            self._group[f"topk_logprobs/{side}/{scorer}"][sl] = tlp.astype(np.float32)
+        self._commit(key, "draws", side, scorer, rows, passes)
+        return key
+
+    def _refuse_overlap(self, key, kind, side, scorer, rows, passes) -> None:
+        for other in self._committed.values():
+            if other["kind"] != kind or other["side"] != side or other.get("scorer") != scorer:
+                continue
+            if _overlap(rows, other["rows"]) and (passes is None or _overlap(passes, other["passes"])):
+                raise PoolError(f"shard {key} overlaps committed shard {other['key']}; "
+                                "committed regions are append-only (check is_done before writing)")
+
+    def _commit(self, key, kind, side, scorer, rows, passes) -> None:
+        rec = {"key": key, "kind": kind, "side": side, "scorer": scorer, "rows": list(rows),
+               "passes": None if passes is None else list(passes), "committed_at": _now()}
+        _write_json_atomic(self.path / _COMMITS / f"{key}.json", rec)
+        self._committed[key] = rec
+
+
+def _overlap(a, b) -> bool:
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+def _check_side(side: str) -> None:
+    if side not in SIDES:
+        raise PoolError(f"side must be one of {SIDES}, got {side!r}")
+
+
+def _rows(start: int, count: int, total: int) -> tuple[int, int]:
+    if start < 0 or count < 1 or start + count > total:
+        raise PoolError(f"rows {start}:{start + count} out of range 0:{total}")
+    return int(start), int(start + count)
+
+
+def _passes(start: int, count: int, total: int) -> tuple[int, int]:
+    if start < 0 or count < 1 or start + count > total:
+        raise PoolError(f"passes {start}:{start + count} out of range 0:{total}")
+    return int(start), int(start + count)
+
+
+def _check_block(name: str, block: np.ndarray, shape: tuple, kind) -> None:
+    if tuple(block.shape) != tuple(shape):
+        raise PoolError(f"{name} block: expected shape {tuple(shape)}, found {tuple(block.shape)}")
+    if not np.issubdtype(block.dtype, kind):
+        raise PoolError(f"{name} block: expected {kind.__name__} dtype, found {block.dtype}")
+
+
+def _open_group(path: Path, mode: str):
+    if not (path / "zarr.json").is_file():
+        raise PoolError(f"{path}: not a pool (no zarr.json)")
+    try:
+        return zarr.open_group(store=str(path), mode=mode, zarr_format=3)
+    except Exception as e:  # zarr raises several types for a damaged store
+        raise PoolError(f"{path}: cannot open as a zarr v3 group: {e}") from e
+
+
+def _read_header(group, path: Path) -> tuple[PoolSpec, dict]:
+    attrs = group.attrs.asdict()
+    version = attrs.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PoolError(f"{path}: pool format version {version!r}, this tvjax reads version {FORMAT_VERSION}")
+    if "spec" not in attrs or "metadata" not in attrs:
+        raise PoolError(f"{path}: pool attributes lack 'spec' or 'metadata'")
+    return _spec_from_json(attrs["spec"]), dict(attrs["metadata"])
+
+
+def create_pool(path: str | os.PathLike, *, n: int, num_per_side: int, repeats: int, scorers=("pi", "mu"),
+                samplers=None, top_k: int | None = None, sample_logprobs: bool = False,
+                metadata: dict | None = None, row_chunk: int | None = None, pass_chunk: int = 1,
+                exist_ok: bool = False) -> PoolWriter:
+    """Create an empty pool at `path` and return its writer.
+
+    metadata: free-form JSON-serializable dict (engine, engine_version, model, dtype, temperature,
+    prompt, prompt_token_ids, seeds, batch construction, ...); format_version, created_at and top_k
+    are recorded automatically. With exist_ok=True an existing pool with the same spec is reopened
+    for resuming (its metadata is kept); a different spec is refused.
+    """
+    spec = make_spec(n=n, num_per_side=num_per_side, repeats=repeats, scorers=scorers, samplers=samplers,
+                     top_k=top_k, sample_logprobs=sample_logprobs, row_chunk=row_chunk, pass_chunk=pass_chunk)
+    path = Path(path)
+    if path.exists():
+        if not exist_ok:
+            raise PoolError(f"{path} already exists (pass exist_ok=True to resume it)")
+        writer = PoolWriter(path)
+        if writer.spec != spec:
+            raise PoolError(f"{path}: existing pool spec {writer.spec} differs from requested {spec}")
+        return writer
+    meta = dict(metadata or {})
+    meta.setdefault("created_at", _now())
+    meta.setdefault("top_k", spec.top_k)
+    meta["format_version"] = FORMAT_VERSION
+    try:
+        json.dumps(meta)
+    except TypeError as e:
+        raise PoolError(f"metadata must be JSON-serializable: {e}") from e
+    group = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
+    for name, (shape, dtype, chunks) in _array_layout(spec).items():
+        fill = -1 if dtype == "int32" else float("nan")
+        group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, fill_value=fill)
+    (path / _COMMITS).mkdir()
+    # the header goes last: a pool without it is refused, so a crash here leaves no half-pool
+    group.attrs.update({"spec": _spec_to_json(spec), "metadata": meta, "format_version": FORMAT_VERSION})
+    return PoolWriter(path)
+
+
+def open_pool_writer(path: str | os.PathLike) -> PoolWriter:
+    """Reopen an existing pool for writing (resume)."""
+    return PoolWriter(path)
+
+
+def read_spec(path: str | os.PathLike) -> tuple[PoolSpec, dict]:
+    """(spec, metadata) of the pool at `path`, without loading arrays."""
+    path = Path(path)
+    return _read_header(_open_group(path, mode="r"), path)
+
+
+def coverage(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Committed-cell masks: 'tokens/{side}' -> bool [N], 'draws/{side}/{scorer}' -> bool [N, R]."""
+    path = Path(path)
+    spec, _ = read_spec(path)
+    masks = {f"tokens/{s}": np.zeros(spec.num_per_side, bool) for s in SIDES}
+    for s in SIDES:
+        for sc in spec.scorers:
+            masks[f"draws/{s}/{sc}"] = np.zeros((spec.num_per_side, spec.repeats), bool)
+    for rec in _read_commits(path).values():
+        (a, b) = rec["rows"]
+        if rec["kind"] == "tokens":
+            masks[f"tokens/{rec['side']}"][a:b] = True
+        else:
+            (c, d) = rec["passes"]
+            masks[f"draws/{rec['side']}/{rec['scorer']}"][a:b, c:d] = True
+    return masks
+
+
+def _ranges(mask: np.ndarray) -> str:
+    """'0:3, 7:9' for the True runs of a 1-d bool mask."""
+    idx = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return ", ".join(f"{a}:{b}" for a, b in zip(idx[::2], idx[1::2]))
+
+
+def _missing_message(name: str, mask: np.ndarray) -> str:
+    if mask.ndim == 1:
+        return f"{name}: rows {_ranges(~mask)} not committed"
+    bad_passes = ~mask.all(axis=0)
+    bad_rows = ~mask.all(axis=1)
+    return f"{name}: rows {_ranges(bad_rows)} x passes {_ranges(bad_passes)} not committed"
+
+
+def _select(spec: PoolSpec, masks: dict[str, np.ndarray], partial: bool) -> tuple[dict, np.ndarray]:
+    """Rows per side and passes to load; raises PoolError listing every incomplete array unless partial."""
+    if not partial:
+        missing = [_missing_message(k, m) for k, m in masks.items() if not m.all()]
+        if missing:
+            raise PoolError("incomplete pool: " + "; ".join(missing))
+        rows = {s: np.arange(spec.num_per_side) for s in SIDES}
+        return rows, np.arange(spec.repeats)
+    cells = {s: masks[f"tokens/{s}"][:, None] & np.logical_and.reduce(
+        [masks[f"draws/{s}/{sc}"] for sc in spec.scorers]) for s in SIDES}
+    # candidate A: rows complete over all passes; candidate B: passes complete over all token rows
+    rows_a = {s: np.flatnonzero(cells[s].all(axis=1)) for s in SIDES}
+    passes_a = np.arange(spec.repeats)
+    rows_b = {s: np.flatnonzero(masks[f"tokens/{s}"]) for s in SIDES}
+    passes_b = np.flatnonzero(np.logical_and.reduce([cells[s][rows_b[s]].all(axis=0) for s in SIDES]))
+    size_a = sum(len(r) for r in rows_a.values()) * len(passes_a)
+    size_b = sum(len(r) for r in rows_b.values()) * len(passes_b)
+    rows, passes = (rows_a, passes_a) if size_a >= size_b else (rows_b, passes_b)
+    if min(len(r) for r in rows.values()) == 0 or len(passes) == 0:
+        raise PoolError("no complete shard to load: every side needs committed tokens and draws of all scorers")
+    return rows, passes
+
+
+def _load_array(group, name: str, shape, dtype: str, rows: np.ndarray, passes: np.ndarray | None):
+    try:
+        arr = group[name]
+    except KeyError as e:
+        raise PoolError(f"array {name} is missing from the pool") from e
+    if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
+        raise PoolError(f"array {name}: expected shape {tuple(shape)} {dtype}, found {tuple(arr.shape)} {arr.dtype}")
+    contiguous = len(rows) and rows[-1] - rows[0] + 1 == len(rows)
+    data = arr[int(rows[0]):int(rows[-1]) + 1] if contiguous else arr.get_orthogonal_selection((rows,))
+    if passes is not None and len(passes) != shape[2]:
+        data = data[:, :, passes]
+    if dtype == "float32" and np.isnan(data).any():
+        raise PoolError(f"array {name}: committed region holds NaN (damaged chunk files)")
+    if dtype == "int32" and name.startswith("tokens") and (data < 0).any():
+        raise PoolError(f"array {name}: committed region holds negative token ids (damaged chunk files)")
+    return data
+
+
+def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | None = None,
+              scorers=None, top_k: bool = True) -> Pool:
+    """Load and validate a pool.
+
+    Raises PoolError (never returns NaN-filled arrays) when the format version differs, an array is
+    missing or has the wrong shape/dtype, a shard is uncommitted (message lists array, rows and
+    passes), committed data holds NaN, or `expect` (a dict of metadata entries) does not match.
+    partial=True loads only committed cells: the larger of (rows complete over all passes) and
+    (all token rows x passes complete on them); `Pool.rows` / `Pool.passes` say what was loaded.
+    scorers: subset of scorers to load (default all); top_k=False skips the top-k arrays.
+    """
+    path = Path(path)
+    group = _open_group(path, mode="r")
+    spec, meta = _read_header(group, path)
+    if expect:
+        wrong = {k: (v, meta.get(k, "<absent>")) for k, v in expect.items() if meta.get(k, "<absent>") != v}
+        if wrong:
+            raise PoolError(f"{path}: metadata mismatch (key: expected vs found): "
+                            + "; ".join(f"{k}: {e!r} vs {f!r}" for k, (e, f) in wrong.items()))
+    scorers = spec.scorers if scorers is None else tuple(scorers)
+    unknown = [s for s in scorers if s not in spec.scorers]
+    if unknown:
+        raise PoolError(f"{path}: unknown scorers {unknown}; the pool has {spec.scorers}")
+    masks = {k: m for k, m in coverage(path).items()
+             if k.startswith("tokens") or k.split("/")[2] in scorers}
+    rows, passes = _select(spec._replace(scorers=scorers), masks, partial)
+    layout = _array_layout(spec)
+
+    def get(name, side, with_passes=False):
+        shape, dtype, _ = layout[name]
+        return _load_array(group, name, shape, dtype, rows[side], passes if with_passes else None)
+
+    tokens = {s: get(f"tokens/{s}", s) for s in SIDES}
+    slp = {s: get(f"sample_logprobs/{s}", s) for s in SIDES} if spec.sample_logprobs else None
+    lps = {s: {sc: get(f"logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES}
+    with_topk = spec.top_k is not None and top_k
+    ids = {s: {sc: get(f"topk_ids/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
+    tlp = {s: {sc: get(f"topk_logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
+    return Pool(spec._replace(scorers=scorers, samplers=spec.samplers), meta, tokens, slp, lps, ids, tlp, rows, passes)
