@@ -1,0 +1,154 @@
+"""transformers bridge: sampling and replay scoring through `model.generate` (KV-cached decode path).
+
+Engine config keys (configs/engine/transformers.yaml):
+  model: 'smollm2' | path to a model folder or .gguf file
+  dtype: float32 | bfloat16 | float16
+  attn_implementation: eager | sdpa
+  sdpa_backend: null | math | flash | efficient | cudnn   (pins torch's SDPA kernel; sdpa only)
+  top_k: int | null       (engine-applied truncation; null = none)
+  device: cpu | cuda ...
+  threads: torch intra-op threads (null = torch's default)
+
+Replay: a `LogitsProcessor` sees each step's scores after EOS suppression and before the top-k
+warper (transformers runs custom processors before warpers), records the renormalized top-k
+log-softmax, and forces the trajectory's token; `generate` then decodes along the trajectory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from tvjax.engines import replay
+from tvjax.engines.models import resolve
+from tvjax.engines.protocol import EngineError, Sampled, Scored
+
+SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ReplayProcessor:
+    """A transformers logits processor: records the step's renormalized top-k log-softmax and, when
+    given targets, forces them. Records are kept on the CPU, one StepRecord per step."""
+
+    def __init__(self, prompt_len: int, k: int | None, banned: list[int], width: int, targets=None):
+        self.prompt_len, self.k, self.banned, self.width = prompt_len, k, banned, width
+        self.targets = targets
+        self.records: list[replay.StepRecord] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if self.targets is None:
+            return replay.suppress(scores, self.banned)
+        if step > 0 and not torch.equal(input_ids[:, -1].cpu(), self.targets[:, step - 1]):
+            raise EngineError(f"replay diverged from the trajectory at step {step - 1}")
+        record, forced = replay.replay_step(scores, self.targets[:, step].to(scores.device), self.k,
+                                            self.banned, self.width)
+        self.records.append(replay.StepRecord(*(t.cpu() for t in record)))
+        return forced
+
+
+class TransformersBridge:
+    def __init__(self, config: dict, width: int):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config, self.width = config, width
+        self.k = config.get("top_k")
+        self.device = torch.device(config.get("device", "cpu"))
+        if config.get("threads"):
+            torch.set_num_threads(int(config["threads"]))
+        dtype = config.get("dtype", "float32")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        folder, gguf = resolve(config["model"])
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=gguf, dtype=DTYPES[dtype],
+            attn_implementation=config.get("attn_implementation", "sdpa")).to(self.device).eval()
+        self.banned = eos_ids(self.tokenizer, self.model.generation_config)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        return [int(i) for i in ids]
+
+    def _attention(self):
+        backend = self.config.get("sdpa_backend")
+        if backend is None:
+            return contextlib.nullcontext()
+        if self.config.get("attn_implementation", "sdpa") != "sdpa":
+            raise ValueError("sdpa_backend needs attn_implementation: sdpa")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[backend]))
+
+    def _generate(self, prompt_ids, num, n, seed, processor):
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=self.k or 0, top_p=1.0,
+                               max_new_tokens=n, min_new_tokens=n, suppress_tokens=self.banned,
+                               eos_token_id=self.banned, pad_token_id=self.banned[0],
+                               output_scores=True, return_dict_in_generate=True)
+        input_ids = torch.tensor([prompt_ids] * num, device=self.device)
+        torch.manual_seed(seed)
+        with torch.inference_mode(), self._attention():
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                      generation_config=gen, logits_processor=LogitsProcessorList([processor]))
+        tokens = out.sequences[:, len(prompt_ids):].cpu()
+        if tokens.shape != (num, n):
+            raise EngineError(f"generate returned {tuple(tokens.shape)} tokens, expected {(num, n)}")
+        return tokens, out.scores
+
+    def sample(self, prompt_ids, num, n, seed) -> Sampled:
+        processor = ReplayProcessor(len(prompt_ids), self.k, self.banned, self.width)
+        tokens, scores = self._generate(prompt_ids, num, n, seed, processor)
+        logprobs = torch.stack([replay.realized(torch.log_softmax(s.float().cpu(), -1), tokens[:, t])
+                                for t, s in enumerate(scores)], 1)
+        return Sampled(tokens.numpy().astype(np.int32), logprobs.numpy().astype(np.float32))
+
+    def replay(self, prompt_ids, tokens, seed) -> Scored:
+        targets = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        processor = ReplayProcessor(len(prompt_ids), self.k, self.banned, self.width, targets)
+        replayed, _ = self._generate(prompt_ids, targets.shape[0], targets.shape[1], seed, processor)
+        if not torch.equal(replayed, targets):
+            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
+        return replay.to_scored(replay.stack(processor.records, 1))
+
+    def sequence_score(self, prompt_ids, tokens, chunk: int = 8) -> Scored:
+        """Second, non-default scorer: one full-sequence forward pass (the prefill path)."""
+        tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        p = len(prompt_ids)
+        parts = []
+        for rows in torch.split(tokens, chunk):
+            ids = torch.cat([torch.tensor([prompt_ids] * rows.shape[0]), rows], 1).to(self.device)
+            with torch.inference_mode(), self._attention():
+                logits = self.model(ids).logits[:, p - 1:-1].float().cpu()
+            logprobs = replay.topk_logprobs(replay.suppress(logits.flatten(0, 1), self.banned), self.k)
+            ids_w, vals_w = replay.readout(logprobs, self.width)
+            record = replay.StepRecord(replay.realized(logprobs, rows.flatten()), ids_w, vals_w)
+            parts.append([t.reshape(*rows.shape, *t.shape[1:]) for t in record])
+        return replay.to_scored(replay.StepRecord(*(torch.cat(c) for c in zip(*parts))))
+
+    def describe(self) -> dict:
+        import transformers
+
+        return {"engine": "transformers", "engine_version": transformers.__version__,
+                "torch_version": torch.__version__, "eos_ids": self.banned}
+
+    def close(self) -> None:
+        del self.model
+
+
+def eos_ids(tokenizer, generation_config) -> list[int]:
+    """Every end-of-sequence id of a model: suppressed for fixed-length sampling."""
+    ids = generation_config.eos_token_id
+    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    ids = sorted(set(int(i) for i in ids))
+    if not ids:
+        raise EngineError("the model declares no EOS token; fixed-length sampling needs one to suppress")
+    return ids

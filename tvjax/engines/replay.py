@@ -1,0 +1,163 @@
+"""Replay-scoring arithmetic shared by every engine bridge (paper appendix B.5), in plain torch.
+
+One engine step of the replay oracle, for a batch of rows of raw next-token logits:
+
+1. ``suppress``: the banned tokens (EOS, for fixed-length sampling) get -inf, before any truncation;
+2. ``topk_logprobs``: log-softmax renormalized over the tie-inclusive top-k set (every token whose
+   logit is >= the k-th largest), -inf outside it. This is the distribution the engine samples from
+   at temperature 1, and so one draw of the next-token distribution;
+3. ``realized``: the log-probability of the trajectory's token in it (-inf when it is outside the
+   step's top-k: a zero-mass draw, never a NaN);
+4. ``force``: the logits are replaced by a one-hot mask on the trajectory's token, so the engine
+   decodes along the given trajectory through its ordinary decode path.
+
+The values are recorded BEFORE the forcing: what an engine reports as log-probabilities is computed
+after its logits processors and is contaminated by the forcing.
+
+``renormalize_readout`` does the same renormalization for engines that only expose a top-K list of
+log-probabilities (sequence-level prompt log-probs, OpenAI-compatible servers).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from tvjax.engines.protocol import Scored
+
+NEG_INF = float("-inf")
+
+
+class StepRecord(NamedTuple):
+    """What one replay step records for a batch of B rows (all float32 / int64, on the logits' device).
+
+    realized: [B] log-probability of the target token under the renormalized top-k distribution;
+    topk_ids: [B, w] ids of the w most likely tokens (sorted, w = readout width);
+    topk_logprobs: [B, w] their renormalized log-probabilities (-inf beyond the support).
+    """
+
+    realized: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logprobs: torch.Tensor
+
+
+def stack(records: list[StepRecord], axis: int) -> StepRecord:
+    """Records of consecutive steps (or rows) stacked along `axis`."""
+    return StepRecord(*(torch.stack(parts, axis) for parts in zip(*records)))
+
+
+def to_scored(record: StepRecord) -> Scored:
+    """A record holding [N, n] / [N, n, w] tensors as the numpy arrays of a pool shard."""
+    return Scored(record.realized.cpu().numpy().astype(np.float32),
+                  record.topk_ids.cpu().numpy().astype(np.int32),
+                  record.topk_logprobs.cpu().numpy().astype(np.float32))
+
+
+def suppress(logits: torch.Tensor, banned_ids) -> torch.Tensor:
+    """logits [B, V] with the columns of `banned_ids` set to -inf (a new tensor)."""
+    out = logits.clone()
+    if len(banned_ids):
+        out[..., list(banned_ids)] = NEG_INF
+    return out
+
+
+def topk_mask(logits: torch.Tensor, k: int | None) -> torch.Tensor:
+    """bool [B, V]: the tie-inclusive top-k set of every row (all finite entries when k is None).
+
+    A row keeps every token whose logit is >= its k-th largest logit, as vLLM's, SGLang's and
+    transformers' top-k samplers do, so ties at the boundary make the set larger than k.
+    """
+    finite = torch.isfinite(logits)
+    if k is None or k >= logits.shape[-1]:
+        return finite
+    if k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {k}")
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return (logits >= kth) & finite
+
+
+def topk_logprobs(logits: torch.Tensor, k: int | None) -> torch.Tensor:
+    """float32 [B, V]: log-softmax renormalized over each row's tie-inclusive top-k set, -inf outside."""
+    logits = logits.float()
+    if not torch.isfinite(logits).any(dim=-1).all():
+        raise ValueError("a logits row has no finite entry: nothing can be sampled from it")
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN")
+    masked = logits.masked_fill(~topk_mask(logits, k), NEG_INF)
+    return torch.log_softmax(masked, dim=-1)
+
+
+def realized(logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B]: logprobs[b, tokens[b]] (-inf when the token is outside the row's support)."""
+    return logprobs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def readout(logprobs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, width], logprobs [B, width]) of the `width` most likely tokens of every row, sorted."""
+    values, ids = torch.topk(logprobs, min(width, logprobs.shape[-1]), dim=-1)
+    return ids, values
+
+
+def force(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] replaced by 0 at targets[b] and -inf elsewhere (a new tensor, same dtype)."""
+    out = torch.full_like(logits, NEG_INF)
+    out.scatter_(-1, targets.long().unsqueeze(-1), 0.0)
+    return out
+
+
+def replay_step(logits: torch.Tensor, targets: torch.Tensor, k: int | None, banned_ids,
+                width: int) -> tuple[StepRecord, torch.Tensor]:
+    """One replay step: (record taken before forcing, forced logits)."""
+    logprobs = topk_logprobs(suppress(logits, banned_ids), k)
+    ids, values = readout(logprobs, width)
+    return StepRecord(realized(logprobs, targets), ids, values), force(logits, targets)
+
+
+def renormalize_readout(token_logprob: torch.Tensor, top_logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k renormalized log-probability of a token, from an engine's top-K readout.
+
+    token_logprob: [...] the engine's (full-softmax) log-probability of the token (-inf for a banned
+    token); top_logprobs: [..., K] the engine's K largest log-probabilities with banned tokens already
+    removed (-inf padding allowed), K >= k. The top-k set is the k largest entries plus any token
+    tied with the k-th (ties beyond the readout are invisible to this access model); the result is
+    -inf when the token is outside it.
+    """
+    if top_logprobs.shape[-1] < k:
+        raise ValueError(f"readout has {top_logprobs.shape[-1]} entries, fewer than top_k={k}")
+    top = torch.sort(top_logprobs.float(), dim=-1, descending=True).values
+    kth = top[..., k - 1:k]
+    lognorm = torch.logsumexp(top.masked_fill(top < kth, NEG_INF), dim=-1)
+    token_logprob = token_logprob.float()
+    inside = (token_logprob >= kth.squeeze(-1)) & torch.isfinite(token_logprob)
+    return torch.where(inside, token_logprob - lognorm, torch.full_like(token_logprob, NEG_INF))
+
+
+def record_from_readouts(readouts: list[dict[int, float]], tokens, k: int | None, banned_ids,
+                         width: int) -> StepRecord:
+    """A trajectory's record from per-position top-K readouts {token_id: full-softmax log-prob}.
+
+    For engines that only expose top-K lists (prompt log-probs, OpenAI-compatible servers). Banned
+    tokens are dropped from every readout, so it must hold K >= k + len(banned_ids) entries. Returns
+    realized [n] and the renormalized top-`width` readout [n, width] (ids -1 / -inf past the list).
+    """
+    if k is None:
+        raise ValueError("readout-based scoring needs a finite top_k: a top-K list cannot normalize "
+                         "the full distribution")
+    size = max(k, width)
+    banned = set(int(b) for b in banned_ids)
+    rows = [sorted(((int(t), float(lp)) for t, lp in d.items() if int(t) not in banned), key=lambda kv: -kv[1])
+            for d in readouts]
+    short = [i for i, r in enumerate(rows) if len(r) < k]
+    if short:
+        raise ValueError(f"readouts at positions {short[:5]} hold fewer than top_k={k} non-banned entries")
+    ids = torch.full((len(rows), size), -1, dtype=torch.long)
+    top = torch.full((len(rows), size), NEG_INF)
+    for i, r in enumerate(rows):
+        r = r[:size]
+        ids[i, :len(r)] = torch.tensor([t for t, _ in r])
+        top[i, :len(r)] = torch.tensor([lp for _, lp in r])
+    token_lp = torch.tensor([dict(r).get(int(t), NEG_INF) for r, t in zip(rows, tokens)])
+    values = renormalize_readout(top, top.unsqueeze(1).expand(-1, size, -1), k)
+    return StepRecord(renormalize_readout(token_lp, top, k), ids[:, :width], values[:, :width])

@@ -1,0 +1,202 @@
+"""vLLM bridge through the V1 logits-processor interface (vllm.v1.sample.logits_processor).
+
+Engine config keys (configs/engine/vllm.yaml):
+  model: 'smollm2' (converted once to safetensors, see tvjax.engines.models) | model folder
+  dtype: float32 | bfloat16 | float16
+  top_k: int | null
+  kv_cache_gb: CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE; ignored on GPUs)
+  max_model_len: null (= prompt + n, rounded up)
+  engine_args: extra keyword arguments for vllm.LLM (e.g. gpu_memory_utilization)
+
+The measurement flags of appendix B.1 are fixed: enforce_eager=True, enable_prefix_caching=False,
+all N requests of a pass in one batch (max_num_seqs >= N). The engine core runs in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the logits processor's records are visible here; the V1
+model runner is selected (VLLM_USE_V2_MODEL_RUNNER=0) because the processor uses its interface.
+
+`ReplayLogitsProcessor` acts on requests whose SamplingParams.extra_args carry a "tvjax" entry:
+mode "sample" suppresses EOS; mode "replay" also records the renormalized top-k log-softmax of the
+step (before forcing) and forces the trajectory's token. vLLM applies custom (non-argmax-invariant)
+processors to the float32 logits before temperature and top-k, so the record sees exactly the
+logits the sampler truncates.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor  # noqa: E402
+
+from tvjax.engines import replay  # noqa: E402
+from tvjax.engines.models import converted_dir  # noqa: E402
+from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed  # noqa: E402
+
+# request key -> per-step records, filled by ReplayLogitsProcessor inside this process
+RECORDS: dict[str, list[replay.StepRecord]] = {}
+
+
+class _Request:
+    def __init__(self, opts: dict, output_tok_ids: list[int]):
+        self.opts, self.output = opts, output_tok_ids
+        if opts["mode"] == "replay":
+            RECORDS[opts["key"]] = []
+
+
+class ReplayLogitsProcessor(LogitsProcessor):
+    """Batch-level vLLM V1 logits processor: EOS suppression, recording and forcing (see module doc)."""
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        self.requests: dict[int, _Request] = {}
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        opts = (sampling_params.extra_args or {}).get("tvjax")
+        if opts is not None and opts.get("mode") not in ("sample", "replay"):
+            raise ValueError(f"extra_args['tvjax']['mode'] must be 'sample' or 'replay', got {opts!r}")
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.requests.pop(index, None)
+        for index, params, _prompt, output in batch_update.added:
+            opts = (params.extra_args or {}).get("tvjax")
+            self.requests.pop(index, None)
+            if opts is not None:
+                self.requests[index] = _Request(opts, output)
+        for a, b, direction in batch_update.moved:
+            entry_a, entry_b = self.requests.pop(a, None), self.requests.pop(b, None)
+            if entry_a is not None:
+                self.requests[b] = entry_a
+            if entry_b is not None and direction.name == "SWAP":
+                self.requests[a] = entry_b
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.requests:
+            return logits
+        rows = sorted(self.requests)
+        opts = self.requests[rows[0]].opts
+        if any(self.requests[r].opts["banned"] != opts["banned"] for r in rows):
+            raise EngineError("requests of one batch must share their EOS ids")
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = replay.suppress(logits[index], opts["banned"])
+        replaying = [r for r in rows if self.requests[r].opts["mode"] == "replay"]
+        if replaying:
+            self._replay_rows(logits, replaying)
+        return logits
+
+    def _replay_rows(self, logits: torch.Tensor, rows: list[int]) -> None:
+        reqs = [self.requests[r] for r in rows]
+        opts = reqs[0].opts
+        if any((q.opts["k"], q.opts["width"]) != (opts["k"], opts["width"]) for q in reqs):
+            raise EngineError("replayed requests of one batch must share top_k and readout width")
+        targets = []
+        for q in reqs:
+            step = len(q.output)
+            if step and q.output[-1] != q.opts["targets"][step - 1]:
+                raise EngineError(f"request {q.opts['key']}: replay diverged at step {step - 1}")
+            targets.append(q.opts["targets"][step])
+        index = torch.tensor(rows, device=logits.device)
+        record, forced = replay.replay_step(logits[index], torch.tensor(targets, device=logits.device),
+                                            opts["k"], opts["banned"], opts["width"])
+        logits[index] = forced
+        for i, q in enumerate(reqs):
+            RECORDS[q.opts["key"]].append(replay.StepRecord(*(t[i].cpu() for t in record)))
+
+
+class VLLMBridge:
+    def __init__(self, config: dict, width: int):
+        from vllm import LLM
+
+        self.config, self.width, self.k = config, width, config.get("top_k")
+        if config.get("kv_cache_gb"):
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(config["kv_cache_gb"]))
+        optional = {key: int(config[key]) for key in ("max_model_len", "max_num_seqs") if config.get(key)}
+        self.llm = LLM(model=str(converted_dir(config["model"])), dtype=config.get("dtype", "float32"),
+                       enforce_eager=True, enable_prefix_caching=False, seed=int(config["seed"]),
+                       logits_processors=[ReplayLogitsProcessor], logprobs_mode="processed_logprobs",
+                       **optional, **dict(config.get("engine_args") or {}))
+        self.tokenizer = self.llm.get_tokenizer()
+        self.banned = self._eos_ids()
+
+    def _eos_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen_eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
+        ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        ids.discard(None)
+        if not ids:
+            raise EngineError("the model declares no EOS token; fixed-length sampling needs one to suppress")
+        return sorted(int(i) for i in ids)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        return [int(i) for i in ids]
+
+    def _params(self, n: int, seed: int, row: int, opts: dict, logprobs: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=self.k or 0, min_p=0.0, max_tokens=n,
+                              ignore_eos=True, seed=derive_seed(seed, row), logprobs=logprobs,
+                              extra_args={"tvjax": dict(opts, banned=self.banned)})
+
+    def _generate(self, prompt_ids, params):
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids)) for _ in params]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [o.outputs[0] for o in outputs]
+
+    def sample(self, prompt_ids, num, n, seed) -> Sampled:
+        params = [self._params(n, seed, i, {"mode": "sample"}, logprobs=0) for i in range(num)]
+        outs = self._generate(prompt_ids, params)
+        tokens = np.array([list(o.token_ids) for o in outs], dtype=np.int32)
+        if tokens.shape != (num, n):
+            raise EngineError(f"vLLM returned {tokens.shape} tokens, expected {(num, n)}")
+        logprobs = np.array([[step[int(t)].logprob for step, t in zip(o.logprobs, o.token_ids)] for o in outs],
+                            dtype=np.float32)
+        return Sampled(tokens, logprobs)
+
+    def replay(self, prompt_ids, tokens, seed) -> Scored:
+        tokens = np.asarray(tokens)
+        keys = [f"{seed}-{i}" for i in range(tokens.shape[0])]
+        params = [self._params(tokens.shape[1], seed, i, {"mode": "replay", "key": key, "k": self.k,
+                                                          "width": self.width, "targets": row.tolist()}, None)
+                  for i, (key, row) in enumerate(zip(keys, tokens))]
+        outs = self._generate(prompt_ids, params)
+        replayed = np.array([list(o.token_ids) for o in outs])
+        if replayed.shape != tokens.shape or not (replayed == tokens).all():
+            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
+        return replay.to_scored(replay.stack([replay.stack(RECORDS.pop(key), 0) for key in keys], 0))
+
+    def sequence_score(self, prompt_ids, tokens) -> Scored:
+        """Second, non-default scorer: vLLM's prompt log-probabilities (one prefill per trajectory),
+        renormalized over the top-k of a readout of k + |EOS| entries with EOS removed."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        tokens = np.asarray(tokens)
+        p, extra = len(prompt_ids), len(self.banned)
+        num_top = (self.k or self.width) + extra
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=num_top)
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids) + row.tolist()) for row in tokens]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        records = [replay.record_from_readouts([{t: lp.logprob for t, lp in step.items()} for step in o.prompt_logprobs[p:]],
+                                               row, self.k, self.banned, self.width) for o, row in zip(outs, tokens)]
+        return replay.to_scored(replay.stack(records, 0))
+
+    def describe(self) -> dict:
+        import vllm
+
+        return {"engine": "vllm", "engine_version": vllm.__version__, "torch_version": torch.__version__,
+                "eos_ids": self.banned, "enforce_eager": True, "enable_prefix_caching": False}
+
+    def close(self) -> None:
+        del self.llm
