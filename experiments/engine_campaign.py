@@ -1,0 +1,179 @@
+"""Hydra app: measure TV between two engine configurations on a real model (paper section 5, B.1).
+
+    .venv/bin/python experiments/engine_campaign.py [experiment=engine_fp32_vs_bf16] [key=value ...]
+
+For the pair (pi, mu) it samples N trajectories per side, replay-scores both sides under both
+engines (R passes each), writes one pool, and runs the pool report. Each engine runs in its own
+subprocess (`python -m tvjax.engines.worker JOB.json`) with the Python of its own venv. Jobs, in
+order, each one engine session:
+
+  1. pi: sample pi, score pi          (sampling and own-side scoring in one session)
+  2. mu: sample mu, score mu, score pi
+  3. pi: score mu
+
+Every shard is committed atomically; rerunning with campaign.pool=<the pool> resumes a killed
+campaign without redoing committed shards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from tvjax import pools
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVERTED_KINDS = ("vllm", "sglang")  # engines that read safetensors folders, not GGUF files
+
+
+class CampaignError(RuntimeError):
+    """A worker failed or the configuration cannot produce a valid pool."""
+
+
+def engine_config(cfg: DictConfig) -> dict:
+    """A side's engine config as a plain dict, without the campaign-only 'python' key."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("python")
+    return config
+
+
+def python_of(cfg: DictConfig) -> str:
+    path = Path(cfg.python)
+    return str(path if path.is_absolute() else ROOT / path)
+
+
+def plan(pi: str, mu: str) -> list[tuple[str, list[dict]]]:
+    """The three engine sessions of a campaign: (side whose engine runs, tasks)."""
+    return [("pi", [{"op": "sample", "side": "pi"}, {"op": "score", "side": "pi"}]),
+            ("mu", [{"op": "sample", "side": "mu"}, {"op": "score", "side": "mu"}, {"op": "score", "side": "pi"}]),
+            ("pi", [{"op": "score", "side": "mu"}])]
+
+
+def task_keys(task: dict, scorer: str, spec: pools.PoolSpec) -> list[str]:
+    """Shard keys a task commits."""
+    N = spec.num_per_side
+    if task["op"] == "sample":
+        return [pools.tokens_key(task["side"], 0, N)]
+    return [pools.draws_key(task["side"], scorer, 0, N, j, j + 1) for j in range(spec.repeats)]
+
+
+def create_or_resume(cfg: DictConfig, names: tuple[str, str], width: int) -> pools.PoolWriter:
+    c = cfg.campaign
+    metadata = {"campaign": OmegaConf.to_container(c, resolve=True),
+                "pi": engine_config(cfg.pi), "mu": engine_config(cfg.mu), "scoring": c.scoring,
+                "temperature": 1.0, "eos_suppressed": True}
+    return pools.create_pool(c.pool, n=int(c.n), num_per_side=int(c.num_per_side), repeats=int(c.repeats),
+                             scorers=names, samplers=names, top_k=width, sample_logprobs=True,
+                             metadata=metadata, exist_ok=True)
+
+
+def readout_width(cfg: DictConfig) -> int:
+    if cfg.campaign.readout_width is not None:
+        return int(cfg.campaign.readout_width)
+    ks = [cfg[s].top_k for s in ("pi", "mu")]
+    if any(k is None for k in ks):
+        raise CampaignError("an engine without top_k needs an explicit campaign.readout_width")
+    return int(max(ks))
+
+
+def converted_model(cfg: DictConfig) -> str:
+    """The model folder vLLM/SGLang read: a GGUF model is converted once (cached) by the
+    transformers venv's Python."""
+    python = Path(cfg.campaign.convert_python)
+    python = python if python.is_absolute() else ROOT / python
+    out = subprocess.run([str(python), "-m", "tvjax.engines.models", "convert", str(cfg.campaign.model)],
+                         env=worker_env(), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise CampaignError(f"model conversion failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def worker_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_worker(python: str, job: dict, job_path: Path, log_path: Path, bar: tqdm) -> None:
+    """Run one engine session; advance `bar` per committed/skipped shard; raise with the log's tail."""
+    job_path.write_text(json.dumps(job, indent=1))
+    tail = deque(maxlen=40)
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen([python, "-m", "tvjax.engines.worker", str(job_path)], cwd=ROOT, env=worker_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line)
+            event = parse_event(line)
+            if event and event["event"] in ("shard", "skip"):
+                bar.set_postfix_str(f"{job['engine']['name']}: {event['key']}")
+                bar.update(1)
+        code = proc.wait()
+    if code != 0:
+        raise CampaignError(f"worker {job['engine']['name']} exited with {code}; see {log_path}:\n" + "".join(tail))
+
+
+def parse_event(line: str) -> dict | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def run_campaign(cfg: DictConfig) -> Path:
+    names = (cfg.pi.name, cfg.mu.name)
+    if names[0] == names[1]:
+        raise CampaignError(f"both engines are named {names[0]!r}: give pi.name and mu.name distinct values")
+    writer = create_or_resume(cfg, names, readout_width(cfg))
+    pool = Path(cfg.campaign.pool)
+    jobs_dir = pool.parent / "jobs"
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    sessions = plan(*names)
+    total = sum(len(task_keys(t, cfg[s].name, writer.spec)) for s, tasks in sessions for t in tasks)
+    done = writer.done_shards()
+    models = {}
+    with tqdm(total=total, desc="shards", unit="shard") as bar:
+        for i, (side, tasks) in enumerate(sessions):
+            engine = cfg[side]
+            keys = [k for t in tasks for k in task_keys(t, engine.name, writer.spec)]
+            if all(k in done for k in keys):
+                bar.update(len(keys))
+                continue
+            config = engine_config(engine)
+            if config["kind"] in CONVERTED_KINDS:
+                models.setdefault("converted", converted_model(cfg))
+                config["model"] = models["converted"]
+            job = {"engine": config, "pool": str(pool), "messages": OmegaConf.to_container(cfg.campaign.messages),
+                   "scoring": cfg.campaign.scoring, "tasks": tasks}
+            run_worker(python_of(engine), job, jobs_dir / f"{i}-{engine.name}.json",
+                       jobs_dir / f"{i}-{engine.name}.log", bar)
+    pools.open_pool_writer(pool).update_metadata(finished_at=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    return pool
+
+
+def run_report(pool: Path, out: str) -> None:
+    subprocess.run([sys.executable, "-m", "tvjax.report", str(pool), "--out", out], cwd=ROOT, check=True)
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="engine_campaign")
+def main(cfg: DictConfig) -> None:
+    pool = run_campaign(cfg)
+    print(f"pool: {pool}")
+    if cfg.campaign.report:
+        run_report(pool, cfg.campaign.report_dir)
+        print(f"report: {cfg.campaign.report_dir}")
+
+
+if __name__ == "__main__":
+    main()
