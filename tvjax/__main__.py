@@ -1,0 +1,3 @@
+from tvjax.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""The front door: one call from (pi, mu, access model, eps, delta) to a TV estimate with a
+confidence interval and a query count, using the paper's algorithm for that access model."""
+
+import math
+from statistics import NormalDist
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tvjax.estimators import (
+    Estimate,
+    groups_for_confidence,
+    likelihood_ratio,
+    multilevel,
+    paper_schedule,
+)
+from tvjax.oracles import ACCESS_MODELS, Exact, LogitNoise, Noisy, Sampler
+from tvjax.validate import check_pair, check_range
+
+
+class TVEstimate(NamedTuple):
+    value: jax.Array
+    stderr: jax.Array
+    ci_low: jax.Array
+    ci_high: jax.Array
+    queries: jax.Array
+    estimate: Estimate  # the underlying estimator's result, with per-level diagnostics
+
+
+def confidence_interval(estimate, delta):
+    """Normal-approximation interval at level 1 - delta, clipped to [0, 1]."""
+    z = NormalDist().inv_cdf(1 - delta / 2)
+    low = jnp.clip(estimate.value - z * estimate.stderr, 0.0, 1.0)
+    high = jnp.clip(estimate.value + z * estimate.stderr, 0.0, 1.0)
+    return TVEstimate(estimate.value, estimate.stderr, low, high, estimate.queries, estimate)
+
+
+def resolve_oracle(access, sigma=None, scale=None):
+    """An oracle from a name ('exact', 'noisy', 'logit_noise', 'sampler') or an oracle instance."""
+    if not isinstance(access, str):
+        return access
+    if access not in ACCESS_MODELS:
+        raise ValueError(f"unknown access model {access!r}; choose one of {sorted(ACCESS_MODELS)}")
+    if access == "noisy":
+        if sigma is None:
+            raise ValueError("access='noisy' needs sigma, the oracle's relative noise level")
+        return Noisy(sigma)
+    if access == "logit_noise":
+        if scale is None:
+            raise ValueError("access='logit_noise' needs scale, the logit noise standard deviation")
+        return LogitNoise(scale)
+    return ACCESS_MODELS[access]()
+
+
+def relative_noise(oracle, pi, mu):
+    """The sigma the paper's schedule is built for: 0 for exact logits, sigma for Noisy, sqrt(K)
+    for samplers (Lemma 4: sigma^2 <= K), and the logit scale for LogitNoise (Lemma 5, first order)."""
+    if isinstance(oracle, Exact):
+        return 0.0
+    if isinstance(oracle, Noisy):
+        return float(oracle.sigma)
+    if isinstance(oracle, Sampler):
+        return math.sqrt(max(pi.max_support, mu.max_support))
+    if isinstance(oracle, LogitNoise):
+        return float(oracle.scale)
+    raise TypeError(f"unsupported oracle {oracle!r}")
+
+
+def estimate_tv(key, pi, mu, access="exact", eps=0.05, delta=0.1, sigma=None, scale=None):
+    """Estimate TV(pi, mu) to accuracy eps with probability 1 - delta.
+
+    exact logits: Algorithm 1 with N = ceil(ln(2/delta) / (2 eps^2)) (Hoeffding on R in [0, 1]);
+    noisy, logit-noise and sampler access: Algorithm 3 with the paper's schedule for that noise
+    level and a median of ceil(8 ln(1/delta)) groups.
+    """
+    check_pair(pi, mu)
+    check_range("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
+    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    oracle = resolve_oracle(access, sigma, scale)
+    noise = relative_noise(oracle, pi, mu)
+    if noise == 0.0:
+        num = max(2, math.ceil(math.log(2 / delta) / (2 * eps**2)))
+        return confidence_interval(likelihood_ratio(key, pi, mu, oracle, num_samples=num), delta)
+    schedule = paper_schedule(eps, noise, pi.n)
+    groups = groups_for_confidence(delta)
+    return confidence_interval(multilevel(key, pi, mu, oracle, schedule, num_groups=groups), delta)

@@ -1,0 +1,370 @@
+"""Autoregressive instances with known TV: the paper's block construction, the rare-escape
+embedding, and random tabular pairs with the perturbations that matter in serving.
+
+A process is a pytree (jit/vmap-able) answering
+  sample(key, num)              -> int32 [num, n]
+  path_logprobs(tokens)         -> float32 [num, n]      log p(x_i | x_<i), -inf for zero mass
+  next_token_logprobs(tokens)   -> float32 [num, n, V]   the whole next-token distribution
+Exact TV (the ground truth) lives here too: analytic where the paper gives it, enumeration otherwise.
+"""
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tvjax.validate import check_pair, check_positive_int, check_probability_vector, check_range
+
+NEG_INF = -jnp.inf
+
+
+def _pytree(cls, meta):
+    data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
+    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+
+
+def _bits_to_int(bits):
+    weights = 2 ** jnp.arange(bits.shape[-1] - 1, -1, -1, dtype=jnp.int32)
+    return jnp.sum(bits.astype(jnp.int32) * weights, axis=-1)
+
+
+# --------------------------------------------------------------------------- block instance
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockProcess:
+    """Binary block construction (paper 3.2, B.2).
+
+    x = u (block_bits uniform bits) + hidden path of block u (deterministic) + one final bit whose
+    law depends on the block. `construction` records how a pair was built, for the analytic TV.
+    """
+
+    hidden_paths: jax.Array  # int8 [num_blocks, n - block_bits - 1]
+    final_p1: jax.Array  # float [num_blocks], P(final bit = 1) in each block
+    n: int
+    block_bits: int
+    construction: Optional[tuple] = None  # (seed, block_bits, p_active, alpha) when built by block_pair
+    vocab_size: int = 2
+    max_support: int = 2
+
+    def _block(self, tokens):
+        return _bits_to_int(tokens[:, : self.block_bits])
+
+    def sample(self, key, num):
+        key_block, key_final = jax.random.split(key)
+        u_bits = jax.random.bernoulli(key_block, 0.5, (num, self.block_bits)).astype(jnp.int32)
+        u = _bits_to_int(u_bits)
+        path = jnp.asarray(self.hidden_paths)[u].astype(jnp.int32)
+        p1 = jnp.asarray(self.final_p1, jnp.float32)[u]
+        final = jax.random.bernoulli(key_final, p1).astype(jnp.int32)[:, None]
+        return jnp.concatenate([u_bits, path, final], axis=1)
+
+    def path_logprobs(self, tokens):
+        u = self._block(tokens)
+        num = tokens.shape[0]
+        head = jnp.full((num, self.block_bits), jnp.log(0.5))
+        on_path = tokens[:, self.block_bits : -1] == jnp.asarray(self.hidden_paths)[u]
+        middle = jnp.where(on_path, 0.0, NEG_INF)
+        p1 = jnp.asarray(self.final_p1, jnp.float32)[u]
+        final = jnp.log(jnp.where(tokens[:, -1] == 1, p1, 1.0 - p1))[:, None]
+        return jnp.concatenate([head, middle, final], axis=1)
+
+    def next_token_logprobs(self, tokens):
+        u = self._block(tokens)
+        num = tokens.shape[0]
+        head = jnp.full((num, self.block_bits, 2), jnp.log(0.5))
+        hidden = jnp.asarray(self.hidden_paths)[u].astype(jnp.int32)
+        # Off the hidden path the conditional is undefined (zero-mass prefix); keep following it.
+        middle = jnp.where(jax.nn.one_hot(hidden, 2) > 0, 0.0, NEG_INF)
+        p1 = jnp.asarray(self.final_p1, jnp.float32)[u]
+        final = jnp.log(jnp.stack([1.0 - p1, p1], axis=-1))[:, None, :]
+        return jnp.concatenate([head, middle, final], axis=1)
+
+
+_pytree(BlockProcess, ["n", "block_bits", "construction", "vocab_size", "max_support"])
+
+
+def _block_arrays(rng, num_blocks, path_len, p_active):
+    # Order and dtypes fixed by the paper's protocol: the int8 dtype changes the random stream.
+    hidden = rng.integers(0, 2, size=(num_blocks, path_len), dtype=np.int8)
+    orientation = rng.integers(0, 2, size=num_blocks, dtype=np.int8)
+    active = rng.random(num_blocks) < p_active
+    return hidden, orientation, active
+
+
+def block_pair(seed=10, n=128, block_bits=12, p_active=0.4, alpha=0.49):
+    """(pi, mu) for the block construction drawn with numpy's default_rng(seed).
+
+    In an active block the final bit is (1/2 + alpha on the oriented bit) under pi and swapped
+    under mu; inactive blocks are (1/2, 1/2) on both. TV = 2 * alpha * (fraction of active blocks).
+    """
+    block_bits = check_positive_int("block_bits", block_bits)
+    n = check_positive_int("n", n)
+    if n < block_bits + 2:
+        raise ValueError(f"n must be at least block_bits + 2 = {block_bits + 2}, got n={n}")
+    if block_bits > 20:
+        raise ValueError(f"block_bits={block_bits} would store 2**{block_bits} hidden paths; use <= 20")
+    check_range("p_active", p_active, 0.0, 1.0)
+    check_range("alpha", alpha, 0.0, 0.5)
+    num_blocks = 2**block_bits
+    hidden, orientation, active = _block_arrays(
+        np.random.default_rng(seed), num_blocks, n - block_bits - 1, p_active
+    )
+    tilt = np.where(active, alpha, 0.0) * np.where(orientation == 1, 1.0, -1.0)
+    construction = (int(seed), int(block_bits), float(p_active), float(alpha))
+    make = lambda p1: BlockProcess(hidden, np.asarray(p1, np.float32), n, block_bits, construction)
+    return make(0.5 + tilt), make(0.5 - tilt)
+
+
+def paper_block_pair():
+    """The paper's synthetic instance (B.2): n=128, block_bits=12, p_active=0.4, alpha=0.49, seed 10."""
+    return block_pair(seed=10, n=128, block_bits=12, p_active=0.4, alpha=0.49)
+
+
+def _block_tv(pi, mu):
+    if not np.array_equal(np.asarray(pi.hidden_paths), np.asarray(mu.hidden_paths)):
+        return None
+    p_pi = np.asarray(pi.final_p1, np.float64)
+    p_mu = np.asarray(mu.final_p1, np.float64)
+    if pi.construction is not None and pi.construction == mu.construction:
+        # Exact in float64 from the construction: each differing block contributes 2 * alpha.
+        alpha = pi.construction[3]
+        return 2.0 * alpha * int(np.sum(p_pi != p_mu)) / p_pi.size
+    return float(np.mean(np.abs(p_pi - p_mu)))
+
+
+# --------------------------------------------------------------------------- rare escape
+
+
+@dataclasses.dataclass(frozen=True)
+class RareEscapeProcess:
+    """Rare-escape embedding (paper 4.4) of a finite distribution P over K outcomes.
+
+    Token 0 is "stay". While no escape has happened, each step escapes with probability q and
+    reveals one draw a ~ P as token a + 1; after the escape every token is 0 (deterministic).
+    """
+
+    outcome_probs: jax.Array  # float [K]
+    escape_prob: jax.Array  # scalar q
+    n: int
+    vocab_size: int
+    max_support: int
+
+    def _logs(self):
+        q = jnp.asarray(self.escape_prob, jnp.float32)
+        return jnp.log1p(-q), jnp.log(q) + jnp.log(jnp.asarray(self.outcome_probs, jnp.float32))
+
+    def sample(self, key, num):
+        key_time, key_outcome = jax.random.split(key)
+        escapes = jax.random.bernoulli(key_time, self.escape_prob, (num, self.n))
+        first = jnp.argmax(escapes, axis=1)
+        escaped = jnp.any(escapes, axis=1)
+        outcome = jax.random.categorical(
+            key_outcome, jnp.log(jnp.asarray(self.outcome_probs, jnp.float32)), shape=(num,)
+        )
+        at_escape = (jnp.arange(self.n)[None, :] == first[:, None]) & escaped[:, None]
+        return jnp.where(at_escape, outcome[:, None] + 1, 0).astype(jnp.int32)
+
+    def _alive(self, tokens):
+        # alive[i]: no escape among x_<i.
+        escaped_so_far = jnp.cumsum(tokens != 0, axis=1) - (tokens != 0)
+        return escaped_so_far == 0
+
+    def next_token_logprobs(self, tokens):
+        log_stay, log_escape = self._logs()
+        alive_row = jnp.concatenate([log_stay[None], log_escape])
+        dead_row = jnp.full((self.vocab_size,), NEG_INF).at[0].set(0.0)
+        return jnp.where(self._alive(tokens)[..., None], alive_row, dead_row)
+
+    def path_logprobs(self, tokens):
+        rows = self.next_token_logprobs(tokens)
+        return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
+
+
+_pytree(RareEscapeProcess, ["n", "vocab_size", "max_support"])
+
+
+def rare_escape_pair(P, Q, n, escape_scale=1.0):
+    """(pi_P, mu_Q) escaping with probability q = escape_scale / n per step.
+
+    TV(pi_P, mu_Q) = (1 - (1 - q)^n) * TV(P, Q): the escape time has the same law on both sides.
+    """
+    P = check_probability_vector("P", P)
+    Q = check_probability_vector("Q", Q)
+    if P.ndim != 1 or P.shape != Q.shape:
+        raise ValueError(f"P and Q must be 1-D over the same outcomes, got shapes {P.shape} and {Q.shape}")
+    n = check_positive_int("n", n)
+    check_range("escape_scale", escape_scale, 0.0, n, low_open=True, high_open=True)
+    q = np.float64(escape_scale) / n
+    size = P.size + 1
+    return tuple(RareEscapeProcess(D, q, n, size, size) for D in (P, Q))
+
+
+def _rare_escape_tv(pi, mu):
+    if float(pi.escape_prob) != float(mu.escape_prob):
+        return None
+    q = float(pi.escape_prob)
+    tv_outcomes = 0.5 * float(np.sum(np.abs(np.asarray(pi.outcome_probs, np.float64) - np.asarray(mu.outcome_probs, np.float64))))
+    return (1.0 - (1.0 - q) ** pi.n) * tv_outcomes
+
+
+# --------------------------------------------------------------------------- random tabular
+
+
+def truncate_top_k(logits, k):
+    """Keep the k largest logits (ties at the threshold included), the rest to -inf."""
+    if k is None:
+        return logits
+    threshold = jax.lax.top_k(logits, k)[0][..., -1:]
+    return jnp.where(logits >= threshold, logits, NEG_INF)
+
+
+@dataclasses.dataclass(frozen=True)
+class TabularProcess:
+    """Order-`context_len` autoregressive table: the next-token distribution at position i is
+    softmax(top_k(logits[i, context] / temperature)), context = the previous context_len tokens."""
+
+    logits: jax.Array  # float [n, V**context_len, V], -inf allowed (zero probability)
+    temperature: jax.Array  # scalar > 0
+    n: int
+    vocab_size: int
+    context_len: int
+    top_k: Optional[int] = None
+
+    @property
+    def max_support(self):
+        return self.top_k or self.vocab_size
+
+    def table(self):
+        """Next-token log-probabilities [n, V**context_len, V]."""
+        scaled = jnp.asarray(self.logits, jnp.float32) / self.temperature
+        return jax.nn.log_softmax(truncate_top_k(scaled, self.top_k), axis=-1)
+
+    def _contexts(self, tokens):
+        """Context index of every position [num, n] (positions before the start read token 0)."""
+        c = self.context_len
+        padded = jnp.pad(tokens, ((0, 0), (c, 0)))
+        ctx = jnp.zeros(tokens.shape, jnp.int32)
+        for j in range(c):  # c is a small static constant (the Markov order), not a data axis
+            ctx = ctx * self.vocab_size + padded[:, j : j + self.n]
+        return ctx
+
+    def next_token_logprobs(self, tokens):
+        return self.table()[jnp.arange(self.n)[None, :], self._contexts(tokens)]
+
+    def path_logprobs(self, tokens):
+        rows = self.next_token_logprobs(tokens)
+        return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
+
+    def sample(self, key, num):
+        table = self.table()
+        c, V = self.context_len, self.vocab_size
+
+        def step(ctx, inputs):
+            key_i, table_i = inputs
+            token = jax.random.categorical(key_i, table_i[ctx])
+            return (ctx * V + token) % (V**c), token
+
+        keys = jax.random.split(key, self.n)
+        _, tokens = jax.lax.scan(step, jnp.zeros((num,), jnp.int32), (keys, table))
+        return tokens.T.astype(jnp.int32)
+
+    @classmethod
+    def from_probs(cls, probs, context_len, temperature=1.0, top_k=None):
+        """From a probability table [n, V**context_len, V]; zeros become -inf logits."""
+        probs = check_probability_vector("tabular probabilities", probs, axis=-1)
+        n, num_ctx, V = probs.shape
+        if num_ctx != V**context_len:
+            raise ValueError(f"table has {num_ctx} contexts, expected V**context_len = {V**context_len}")
+        with np.errstate(divide="ignore"):
+            logits = np.log(probs).astype(np.float32)
+        return _tabular(logits, temperature, top_k, context_len)
+
+
+_pytree(TabularProcess, ["n", "vocab_size", "context_len", "top_k"])
+
+MAX_TABLE_ENTRIES = 50_000_000
+
+
+def _tabular(logits, temperature, top_k, context_len):
+    n, _, V = logits.shape
+    check_range("temperature", temperature, 0.0, low_open=True)
+    if top_k is not None:
+        top_k = check_positive_int("top_k", top_k)
+        if top_k > V:
+            raise ValueError(f"top_k={top_k} exceeds the vocabulary size {V}")
+    return TabularProcess(logits, np.float32(temperature), n, V, context_len, top_k)
+
+
+def random_tabular_pair(
+    seed=0,
+    vocab_size=4,
+    n=6,
+    context_len=2,
+    top_k=(None, None),
+    temperature=(1.0, 1.0),
+    logit_noise=0.0,
+    logit_scale=2.0,
+):
+    """A random tabular pair from numpy's default_rng(seed), and the perturbations that matter in
+    serving: per-side top-k truncation (support mismatch), per-side temperature, and a fixed
+    Gaussian perturbation of mu's logits with standard deviation `logit_noise`."""
+    V = check_positive_int("vocab_size", vocab_size, minimum=2)
+    n = check_positive_int("n", n)
+    context_len = check_positive_int("context_len", context_len, minimum=0)
+    entries = n * V ** (context_len + 1)
+    if entries > MAX_TABLE_ENTRIES:
+        raise ValueError(
+            f"a tabular process with V={V}, context_len={context_len}, n={n} needs {entries:.3g} "
+            f"table entries (limit {MAX_TABLE_ENTRIES:.0e}); lower context_len or vocab_size"
+        )
+    check_range("logit_noise", logit_noise, 0.0)
+    rng = np.random.default_rng(seed)
+    base = rng.normal(scale=logit_scale, size=(n, V**context_len, V)).astype(np.float32)
+    perturbed = (base + logit_noise * rng.normal(size=base.shape)).astype(np.float32)
+    pi = _tabular(base, temperature[0], top_k[0], context_len)
+    mu = _tabular(perturbed, temperature[1], top_k[1], context_len)
+    return pi, mu
+
+
+# --------------------------------------------------------------------------- exact TV
+
+MAX_ENUMERATION = 2**22
+
+
+def enumerate_tv(pi, mu, max_sequences=MAX_ENUMERATION, chunk=2**16):
+    """TV by summing |pi(x) - mu(x)| / 2 over all V**n sequences (small instances only)."""
+    check_pair(pi, mu)
+    V, n = pi.vocab_size, pi.n
+    total = V**n
+    if total > min(max_sequences, 2**31 - 1):
+        raise ValueError(
+            f"exact TV by enumeration needs V**n = {V}**{n} = {total:.3g} sequences, more than "
+            f"max_sequences={max_sequences:.3g}; use a smaller instance or an analytic pair"
+        )
+    digits = V ** jnp.arange(n - 1, -1, -1, dtype=jnp.int32)
+
+    @jax.jit
+    def chunk_tv(start):
+        index = start + jnp.arange(chunk)
+        tokens = ((index[:, None] // digits) % V).astype(jnp.int32)
+        gap = jnp.exp(jnp.sum(pi.path_logprobs(tokens), 1)) - jnp.exp(jnp.sum(mu.path_logprobs(tokens), 1))
+        return jnp.sum(jnp.where(index < total, jnp.abs(gap), 0.0))
+
+    return 0.5 * float(sum(np.float64(chunk_tv(start)) for start in range(0, total, chunk)))
+
+
+def exact_tv(pi, mu, max_sequences=MAX_ENUMERATION):
+    """The ground-truth TV(pi, mu): analytic for block and rare-escape pairs, else enumeration."""
+    check_pair(pi, mu)
+    analytic = None
+    if isinstance(pi, BlockProcess) and isinstance(mu, BlockProcess) and pi.block_bits == mu.block_bits:
+        analytic = _block_tv(pi, mu)
+    elif isinstance(pi, RareEscapeProcess) and isinstance(mu, RareEscapeProcess):
+        analytic = _rare_escape_tv(pi, mu)
+    if analytic is not None:
+        return analytic
+    return enumerate_tv(pi, mu, max_sequences=max_sequences)
+

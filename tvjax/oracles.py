@@ -1,0 +1,215 @@
+"""Access models: what an estimator may learn about p(x_i | x_<i) along a trajectory.
+
+* `Exact()`        exact logits (Definition 1).
+* `Noisy(sigma)`   noisy prefix distribution with relative variance sigma^2 (Definition 3): each
+                   draw of the realized-token probability is p + sigma * sqrt(p (1 - p)) * N(0, 1),
+                   unbiased and unclipped; the r-average is clipped to [1e-12, 1] before the log (B.2).
+* `LogitNoise(s)`  softmax of the logits plus N(0, s^2) noise on every logit (Lemma 5).
+* `Sampler()`      one-hot next-token draws (Definition 2); for the realized token a draw is Bernoulli(p).
+
+Where the law of an r-average is known exactly (a Gaussian sum, a binomial count) it is drawn
+directly, level by level with nested partial sums, so cost does not grow with r. Queries are still
+counted as the oracle would answer them: n * r per trajectory.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tvjax.currency import LOG_FLOOR, log_clipped_mean
+from tvjax.validate import check_range, check_repeats, is_concrete
+
+
+def _pytree(cls, meta=("floor",)):
+    data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
+    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+
+
+def _check_parameter(name, value):
+    # Leaves may be tracers or placeholders inside jax transformations; check real numbers only.
+    if isinstance(value, (int, float, np.ndarray, np.generic)) or (
+        isinstance(value, jax.Array) and is_concrete(value)
+    ):
+        check_range(name, value, 0.0)
+
+
+def _increments(repeats):
+    repeats = check_repeats(repeats)
+    return repeats, np.diff((0,) + repeats)
+
+
+def _realized_probs(process, tokens):
+    return jnp.exp(process.path_logprobs(tokens))
+
+
+class _Oracle:
+    """Shared driver. Subclasses give `_prepare(process, tokens)` (what the draws need) and
+    `_draw_sum(key, state, tokens, count)`: the sum of `count` realized-token probability draws
+    [num, n], with `count` possibly traced (0 allowed)."""
+
+    floor = 0.0
+
+    @staticmethod
+    def queries(num_trajectories, n, repeats):
+        return int(num_trajectories) * int(n) * int(repeats)
+
+    @staticmethod
+    def row_size(process):
+        """Floats held per trajectory while drawing (sizes the estimators' chunks)."""
+        return process.n
+
+    def _path(self, total, repeats):
+        return jnp.sum(log_clipped_mean(total, repeats, self.floor), axis=-1)
+
+    def nested_path_logprobs(self, key, process, tokens, repeats):
+        """[num, L]: column l is sum_i log(mean of the first repeats[l] draws); nested draws."""
+        repeats, increments = _increments(repeats)
+        state = self._prepare(process, tokens)
+        total = jnp.zeros(tokens.shape)
+        columns = []
+        for level_key, r, extra in zip(jax.random.split(key, len(repeats)), repeats, increments):
+            total = total + self._draw_sum(level_key, state, tokens, int(extra))
+            columns.append(self._path(total, r))
+        return jnp.stack(columns, axis=-1)
+
+    def coupled_path_logprobs(self, key, process, tokens, coarse, fine):
+        """[num, 2]: path log-probs of the coarse (first `coarse` draws) and fine (first `fine`
+        draws) averages, sharing draws. `coarse`, `fine` may be traced; coarse = 0 gives an unused
+        first column."""
+        state = self._prepare(process, tokens)
+        key_coarse, key_fine = jax.random.split(key)
+        total_coarse = self._draw_sum(key_coarse, state, tokens, coarse)
+        total_fine = total_coarse + self._draw_sum(key_fine, state, tokens, fine - coarse)
+        return jnp.stack([self._path(total_coarse, jnp.maximum(coarse, 1)), self._path(total_fine, fine)], -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exact(_Oracle):
+    """Exact prefix logits: every repeat returns the true probability."""
+
+    floor: float = 0.0
+
+    def nested_path_logprobs(self, key, process, tokens, repeats):
+        repeats = check_repeats(repeats)
+        path = jnp.sum(process.path_logprobs(tokens), axis=-1)
+        return jnp.repeat(path[:, None], len(repeats), axis=1)
+
+    def coupled_path_logprobs(self, key, process, tokens, coarse, fine):
+        path = jnp.sum(process.path_logprobs(tokens), axis=-1)
+        return jnp.stack([path, path], axis=-1)
+
+    def draw_probs(self, key, process, tokens, num_draws):
+        p = _realized_probs(process, tokens)
+        return jnp.repeat(p[..., None], num_draws, axis=-1)
+
+    def draw_distributions(self, key, process, tokens, num_draws):
+        probs = jnp.exp(process.next_token_logprobs(tokens))
+        return jnp.repeat(probs[..., None, :], num_draws, axis=-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Noisy(_Oracle):
+    """Gaussian noisy prefix distribution with relative variance sigma^2 (paper B.2)."""
+
+    sigma: float = 0.0
+    floor: float = LOG_FLOOR
+
+    def __post_init__(self):
+        _check_parameter("sigma", self.sigma)
+
+    def _prepare(self, process, tokens):
+        p = _realized_probs(process, tokens)
+        return p, self.sigma * jnp.sqrt(p * (1.0 - p))
+
+    def _draw_sum(self, key, state, tokens, count):
+        # The sum of `count` independent Gaussian draws, drawn directly: N(count p, count sd^2).
+        p, sd = state
+        return count * p + sd * jnp.sqrt(count) * jax.random.normal(key, p.shape)
+
+    def draw_probs(self, key, process, tokens, num_draws):
+        p = _realized_probs(process, tokens)[..., None]
+        noise = jax.random.normal(key, p.shape[:-1] + (num_draws,))
+        return p + self.sigma * jnp.sqrt(p * (1.0 - p)) * noise
+
+    def draw_distributions(self, key, process, tokens, num_draws):
+        """Vector draws P + sigma * e with Cov(e) = diag(P) - P P^T: the realized coordinate has
+        the scalar oracle's law, each draw sums to 1, and zero-mass tokens stay at zero."""
+        probs = jnp.exp(process.next_token_logprobs(tokens))[..., None, :]
+        shape = probs.shape[:-2] + (num_draws, probs.shape[-1])
+        w = jnp.sqrt(probs) * jax.random.normal(key, shape)
+        return probs + self.sigma * (w - probs * jnp.sum(w, axis=-1, keepdims=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler(_Oracle):
+    """Prefix sampler: the r-average of one-hot draws at the realized token is Binomial(r, p) / r.
+
+    The r-average gets the same [1e-12, 1] guard as Noisy (paper B.2), so a position where both
+    sides saw zero hits cancels instead of forcing Z = 1.
+    """
+
+    floor: float = LOG_FLOOR
+
+    def _prepare(self, process, tokens):
+        return _realized_probs(process, tokens)
+
+    def _draw_sum(self, key, p, tokens, count):
+        return jax.random.binomial(key, count, p).astype(p.dtype)
+
+    def draw_probs(self, key, process, tokens, num_draws):
+        p = _realized_probs(process, tokens)[..., None]
+        return jax.random.bernoulli(key, p, p.shape[:-1] + (num_draws,)).astype(jnp.float32)
+
+    def draw_distributions(self, key, process, tokens, num_draws):
+        logprobs = process.next_token_logprobs(tokens)
+        shape = (num_draws,) + logprobs.shape[:-1]
+        picks = jax.random.categorical(key, logprobs, shape=shape)
+        return jnp.moveaxis(jax.nn.one_hot(picks, logprobs.shape[-1]), 0, -2)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitNoise(_Oracle):
+    """softmax(logits + scale * N(0, I)) at each query (Lemma 5); -inf logits stay -inf.
+
+    Its draws are unbiased for the smoothed distribution E[softmax(logits + noise)], not for p
+    itself; identical processes behind it still have TV 0. Cost grows with r (no closed form).
+    """
+
+    scale: float = 0.0
+    floor: float = 0.0
+
+    def __post_init__(self):
+        _check_parameter("scale", self.scale)
+
+    @staticmethod
+    def row_size(process):
+        return process.n * process.vocab_size
+
+    def _prepare(self, process, tokens):
+        return process.next_token_logprobs(tokens)
+
+    def _one_draw(self, key, logprobs, tokens):
+        noisy = jax.nn.log_softmax(logprobs + self.scale * jax.random.normal(key, logprobs.shape), -1)
+        return jnp.exp(jnp.take_along_axis(noisy, tokens[..., None], axis=-1)[..., 0])
+
+    def _draw_sum(self, key, logprobs, tokens, count):
+        body = lambda j, acc: acc + self._one_draw(jax.random.fold_in(key, j), logprobs, tokens)
+        return jax.lax.fori_loop(0, count, body, jnp.zeros(tokens.shape))
+
+    def draw_probs(self, key, process, tokens, num_draws):
+        logprobs = process.next_token_logprobs(tokens)
+        draws = jax.vmap(lambda k: self._one_draw(k, logprobs, tokens))(jax.random.split(key, num_draws))
+        return jnp.moveaxis(draws, 0, -1)
+
+    def draw_distributions(self, key, process, tokens, num_draws):
+        logprobs = process.next_token_logprobs(tokens)[..., None, :]
+        noise = jax.random.normal(key, logprobs.shape[:-2] + (num_draws, logprobs.shape[-1]))
+        return jax.nn.softmax(logprobs + self.scale * noise, axis=-1)
+
+
+for _cls in (Exact, Noisy, Sampler, LogitNoise):
+    _pytree(_cls)
+
+ACCESS_MODELS = {"exact": Exact, "noisy": Noisy, "logit_noise": LogitNoise, "sampler": Sampler}
