@@ -1,0 +1,187 @@
+"""Pool analyses against known truth: synthetic pools written from core instances and oracles,
+and hand-made draws whose statistics are exact."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from tvjax import Exact, Noisy, Sampler, block_pair, exact_tv, random_tabular_pair
+from tvjax.analysis import (Hygiene, calibrate_sigma, compare_scorers, evaluate_multilevel, support_union,
+                            tv_by_prefix, tv_by_repeats, tv_estimate, write_synthetic_pool, zero_mass_rates)
+from tvjax.analysis.__main__ import main as analysis_main
+from tvjax.pools import create_pool, load_pool
+from tvjax.report import main as report_main
+
+SIGMA = 0.1
+FEW = Hygiene(num_permutations=4)
+
+
+@pytest.fixture(scope="module")
+def block_pool(tmp_path_factory):
+    """Binary block instance scored by Noisy(SIGMA) with a top-2 readout: sigma is known exactly."""
+    pi, mu = block_pair(seed=10, n=64, block_bits=8, alpha=0.3)
+    path = tmp_path_factory.mktemp("pools") / "block"
+    write_synthetic_pool(jax.random.key(0), path, pi, mu, Noisy(SIGMA), num_per_side=1024, repeats=16, top_k=2,
+                         metadata={"exact_tv": exact_tv(pi, mu)})
+    return path
+
+
+@pytest.fixture(scope="module")
+def tabular_pool(tmp_path_factory):
+    """Random tabular pair with top-k truncation (support mismatch), exact scoring, TV by enumeration."""
+    pi, mu = random_tabular_pair(3, vocab_size=4, n=6, top_k=(2, 3))
+    path = tmp_path_factory.mktemp("pools") / "tabular"
+    write_synthetic_pool(jax.random.key(1), path, pi, mu, Exact(), num_per_side=2000, repeats=2)
+    return path, exact_tv(pi, mu)
+
+
+def multilevel_pool(path, sigma):
+    pi, mu = block_pair(seed=10, n=128, block_bits=12, alpha=0.3)
+    oracle = Noisy(sigma) if sigma else Exact()
+    write_synthetic_pool(jax.random.key(2), path, pi, mu, oracle, num_per_side=512, repeats=32)
+    return load_pool(path)
+
+
+def test_symmetric_estimate_within_four_stderr_and_decomposition_sums(tabular_pool):
+    path, truth = tabular_pool
+    res = tv_estimate(load_pool(path))
+    assert abs(res.value - truth) < 4 * res.stderr
+    assert res.mismatch > 0.05 and res.shared > 0.05  # both parts present on a top-k truncated pair
+    assert res.shared + res.mismatch == pytest.approx(res.value, abs=1e-12)
+    assert (res.arm_pi + res.arm_mu) / 2 == pytest.approx(res.value, abs=1e-12)
+    assert res.ci_low < res.value < res.ci_high
+    assert res.ci_high - res.ci_low == pytest.approx(2 * 1.96 * res.stderr, rel=0.15)
+    for lr in (res.lr_pi, res.lr_mu):  # Algorithm 1 arms are each unbiased for TV under exact scoring
+        assert abs(lr - truth) < 0.05
+    assert res.queries == 2000 * 2 * (6 + 2 * 6 * 2)
+
+
+def test_prefix_curve_ends_at_the_estimate(tabular_pool):
+    pool = load_pool(tabular_pool[0])
+    curve, full = tv_by_prefix(pool), tv_estimate(pool)
+    assert curve.lengths.tolist() == list(range(1, 7))
+    assert curve.value[-1] == pytest.approx(full.value, abs=1e-12)
+    assert curve.mismatch[-1] == pytest.approx(full.mismatch, abs=1e-12)
+    assert np.all(np.diff(curve.mismatch) >= 0)  # zero mass, once hit, persists along the prefix
+
+
+def test_block_estimate_and_own_token_zero_mass(block_pool):
+    pool = load_pool(block_pool)
+    res = tv_estimate(pool)
+    # the plug-in bias at r = 16, sigma = 0.1 is positive and small; the truth lies within 4 stderr
+    assert abs(res.value - pool.metadata["exact_tv"]) < 4 * res.stderr
+    rates = zero_mass_rates(pool)
+    assert rates.own == {"pi": 0.0, "mu": 0.0}
+
+
+def test_sigma_calibration_recovers_the_noisy_oracle(block_pool):
+    pool = load_pool(block_pool)
+    for scorer in ("pi", "mu"):
+        cal = calibrate_sigma(pool, scorer, FEW)
+        assert abs(cal.union_sigma - SIGMA) < 0.1 * SIGMA
+        assert abs(cal.union_sigma2 - SIGMA**2) < 4 * cal.union_sigma2_stderr
+        # realized-token variant: sigma^2 (1 - p) per cell, smaller than the union-support value
+        assert 0.5 * SIGMA < cal.realized_sigma < cal.union_sigma
+        assert cal.union_percentiles[2] > cal.union_sigma2 > cal.union_median  # heavy right tail
+        assert 0 < cal.nondegenerate_fraction < 0.5
+
+
+def test_sigma_is_zero_for_exact_scoring(tabular_pool):
+    cal = calibrate_sigma(load_pool(tabular_pool[0]), "pi", FEW)
+    assert cal.realized_sigma == 0.0 and cal.union_sigma is None  # no top-k readout in this pool
+
+
+def test_repeat_hygiene_removes_serial_drift(tmp_path):
+    """Hand-made draws with a drift along the repeat axis: in serving order the half-split sees the
+    drift as noise; after the per-cell permutation it is averaged like exchangeable noise."""
+    num, length, repeats = 200, 8, 16
+    drift = 1 + 0.05 * (np.arange(repeats) - (repeats - 1) / 2) / repeats
+    lp = np.broadcast_to(np.log(0.5 * drift), (num, length, repeats)).astype(np.float32)
+    w = create_pool(tmp_path / "drift", n=length, num_per_side=num, repeats=repeats)
+    for side in ("pi", "mu"):
+        w.write_tokens(side, 0, np.zeros((num, length), int))
+        for sc in ("pi", "mu"):
+            w.write_draws(side, sc, 0, 0, lp)
+    pool = load_pool(tmp_path / "drift")
+    served = calibrate_sigma(pool, "pi", Hygiene(permute=False))
+    permuted = calibrate_sigma(pool, "pi", Hygiene(num_permutations=8))
+    # serving order: every cell's halves differ by the same systematic amount
+    half_gap = 0.5 * 0.05 * (repeats / 2) / repeats
+    assert served.realized_sigma2 == pytest.approx((repeats / 4) * half_gap**2 / 0.5, rel=1e-3)
+    assert permuted.realized_sigma2 < 0.5 * served.realized_sigma2
+    # the full-R estimate does not depend on the order
+    assert tv_estimate(pool).value == pytest.approx(0.0, abs=1e-12)
+
+
+def test_self_noise_floor_of_identical_pair_falls_with_r(tmp_path):
+    pi, _ = block_pair(seed=10, n=64, block_bits=8, alpha=0.3)
+    write_synthetic_pool(jax.random.key(3), tmp_path / "same", pi, pi, Noisy(SIGMA), num_per_side=512, repeats=32)
+    curve = tv_by_repeats(load_pool(tmp_path / "same"), hygiene=FEW)
+    assert curve.repeats.tolist() == [1, 2, 4, 8, 16, 32] and curve.floor_repeats.tolist() == [1, 2, 4, 8, 16]
+    for floor in curve.floor.values():
+        assert np.all(np.diff(floor) < 0)
+        assert floor[-1] < 0.4 * floor[0]  # Z ~ |noise| ~ 1/sqrt(r): ratio ~ 1/4 at r = 16
+    assert np.all(np.diff(curve.value) < 0) and curve.value[-1] < 0.3 * curve.value[0]
+
+
+def test_support_union_counts_distinct_positive_mass_ids(block_pool, tmp_path):
+    union = support_union(load_pool(block_pool), "pi", FEW)
+    cal = calibrate_sigma(load_pool(block_pool), "pi", Hygiene(num_permutations=1))
+    # noisy binary draws keep both tokens in every pass of a non-degenerate cell
+    np.testing.assert_allclose(union.mean, 1 + cal.nondegenerate_fraction)
+    pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.3)
+    write_synthetic_pool(jax.random.key(4), tmp_path / "s", pi, mu, Sampler(), num_per_side=400, repeats=8, top_k=2)
+    grow = support_union(load_pool(tmp_path / "s"), "pi", FEW)
+    assert grow.mean[0] == 1.0 and np.all(np.diff(grow.mean) >= 0) and grow.mean[-1] > 1.1
+    assert grow.max[-1] == 2
+
+
+def test_compare_scorers_reports_a_compressing_biased_scorer(tmp_path):
+    num, length, repeats = 300, 4, 2
+    rng = np.random.default_rng(5)
+    w = create_pool(tmp_path / "cmp", n=length, num_per_side=num, repeats=repeats, scorers=("pi", "mu", "mu_api"))
+    for side in ("pi", "mu"):
+        w.write_tokens(side, 0, np.zeros((num, length), int))
+        base = np.log(rng.uniform(0.2, 0.8, (num, length, 1))).repeat(repeats, axis=2)
+        mu_lp = np.log(rng.uniform(0.2, 0.8, (num, length, 1))).repeat(repeats, axis=2)
+        api = mu_lp + 0.2 * (base - mu_lp)  # shrinks L_pi - L_mu by exactly 0.8
+        api[:30, 0, :] = -np.inf  # zero mass on the first 30 trajectories of each side
+        for sc, lp in (("pi", base), ("mu", mu_lp), ("mu_api", api)):
+            w.write_draws(side, sc, 0, 0, lp)
+    pool = load_pool(tmp_path / "cmp")
+    cmp = compare_scorers(pool, ("pi", "mu_api"))
+    assert cmp.compression == pytest.approx(0.8, rel=1e-4)
+    assert cmp.shift < 0 and cmp.mismatch_a == 0 and cmp.mismatch_b == pytest.approx(0.1)
+    assert cmp.num_shared == 2 * (num - 30) and cmp.repeat_variance["mu_api"] == 0
+    assert zero_mass_rates(pool).trajectory["mu"]["mu_api"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="pair must name two loaded scorers"):
+        compare_scorers(pool, ("pi", "hf"))
+
+
+def test_pilot_picks_multilevel_under_noise_and_one_level_without(tmp_path):
+    noisy = evaluate_multilevel(multilevel_pool(tmp_path / "noisy", 0.04), num_pilots=20, hygiene=FEW)
+    assert noisy.multilevel_fraction[-1] >= 0.75 and len(noisy.chosen[-1]) >= 2
+    assert np.all(noisy.rmse_multilevel <= noisy.rmse_single_pilot * 1.001)
+    assert noisy.bias[0] > noisy.bias[-1]  # plug-in bias falls with r
+    exact = evaluate_multilevel(multilevel_pool(tmp_path / "exact", 0.0), num_pilots=20, hygiene=FEW)
+    assert np.all(exact.multilevel_fraction == 0) and all(c == (1,) for c in exact.chosen)
+    np.testing.assert_allclose(exact.rmse_multilevel, exact.rmse_single_pilot)
+
+
+def test_report_and_commands(block_pool, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert report_main([str(block_pool), "--out", str(out), "--permutations", "2", "--num-pilots", "5"]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"summary.md", "results.json", "tv_by_prefix.png", "tv_by_repeats.png", "decomposition.png",
+            "sigma.png", "support_union.png", "multilevel_rmse.png"} <= names
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) >= {"tv", "prefix", "repeats", "sigma", "support", "zero_mass", "multilevel"}
+    assert results["tv"]["value"] == pytest.approx(tv_estimate(load_pool(block_pool)).value)
+    assert "TV = " in (out / "summary.md").read_text()
+    capsys.readouterr()
+    assert analysis_main(["tv", str(block_pool)]) == 0
+    assert json.loads(capsys.readouterr().out)["pair"] == ["pi", "mu"]
+    assert analysis_main(["tv", str(tmp_path / "missing")]) == 2
+    assert "not a pool" in capsys.readouterr().err

@@ -1,0 +1,234 @@
+"""Pool format: round trip, kill-and-resume without duplicate or lost trajectories, precise refusals."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from tvjax.pools import (FORMAT_VERSION, PoolError, PoolWriter, coverage, create_pool, draws_key, load_pool,
+                         open_pool_writer, read_spec, tokens_key)
+
+N, n, R, K = 10, 5, 4, 3
+SCORERS = ("vllm", "sglang")
+
+
+def engine_data(seed=0):
+    """Deterministic stand-in for an engine campaign: tokens per side, one block per (side, scorer, pass)."""
+    rng = np.random.default_rng(seed)
+    tokens = {s: rng.integers(0, 50, (N, n)).astype(np.int32) for s in ("pi", "mu")}
+    draws = {(s, sc): np.log(rng.random((N, n, R))).astype(np.float32) for s in ("pi", "mu") for sc in SCORERS}
+    ids = {k: rng.integers(0, 50, (N, n, R, K)).astype(np.int32) for k in draws}
+    tlp = {k: np.log(rng.random((N, n, R, K))).astype(np.float32) for k in draws}
+    draws[("mu", "vllm")][3, 2, :] = -np.inf  # a zero-mass cell survives the round trip
+    return tokens, draws, ids, tlp
+
+
+def run_campaign(path, seed=0):
+    """Engine-style campaign, resumable: tokens, then one pass over all rows at a time."""
+    tokens, draws, ids, tlp = engine_data(seed)
+    writer = create_pool(path, n=n, num_per_side=N, repeats=R, scorers=SCORERS, top_k=K,
+                         metadata={"engine": "test", "model": "m"}, row_chunk=4, exist_ok=True)
+    for side in ("pi", "mu"):
+        if not writer.is_done(tokens_key(side, 0, N)):
+            writer.write_tokens(side, 0, tokens[side])
+        for sc in SCORERS:
+            for j in range(R):
+                if not writer.is_done(draws_key(side, sc, 0, N, j, j + 1)):
+                    k = (side, sc)
+                    writer.write_draws(side, sc, 0, j, draws[k][:, :, j:j + 1], ids[k][:, :, j:j + 1],
+                                       tlp[k][:, :, j:j + 1])
+    return writer
+
+
+def commit_counts(path):
+    """How many committed shards cover each cell (must be exactly 1 everywhere in a finished pool)."""
+    counts = {}
+    for f in (Path(path) / "commits").glob("*.json"):
+        rec = json.loads(f.read_text())
+        name = f"{rec['kind']}/{rec['side']}/{rec['scorer']}"
+        a, b = rec["rows"]
+        shape = (N,) if rec["kind"] == "tokens" else (N, R)
+        c = counts.setdefault(name, np.zeros(shape, int))
+        if rec["kind"] == "tokens":
+            c[a:b] += 1
+        else:
+            c[a:b, rec["passes"][0]:rec["passes"][1]] += 1
+    return counts
+
+
+def assert_same_pool(p, q):
+    for side in ("pi", "mu"):
+        np.testing.assert_array_equal(p.tokens[side], q.tokens[side])
+        for sc in SCORERS:
+            np.testing.assert_array_equal(p.logprobs[side][sc], q.logprobs[side][sc])
+            np.testing.assert_array_equal(p.topk_ids[side][sc], q.topk_ids[side][sc])
+            np.testing.assert_array_equal(p.topk_logprobs[side][sc], q.topk_logprobs[side][sc])
+
+
+def test_round_trip(tmp_path):
+    run_campaign(tmp_path / "pool")
+    pool = load_pool(tmp_path / "pool")
+    tokens, draws, ids, tlp = engine_data()
+    for side in ("pi", "mu"):
+        np.testing.assert_array_equal(pool.tokens[side], tokens[side])
+        for sc in SCORERS:
+            np.testing.assert_array_equal(pool.logprobs[side][sc], draws[(side, sc)])
+            np.testing.assert_array_equal(pool.topk_ids[side][sc], ids[(side, sc)])
+    assert pool.logprobs["mu"]["vllm"].dtype == np.float32 and pool.tokens["pi"].dtype == np.int32
+    assert pool.metadata["model"] == "m" and pool.metadata["format_version"] == FORMAT_VERSION
+    assert pool.spec.samplers == SCORERS and pool.passes.tolist() == list(range(R))
+    assert all((c == 1).all() for c in commit_counts(tmp_path / "pool").values())
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import zarr
+    sys.path.insert(0, {tests!r})
+    import test_pools
+    calls = {{"n": 0}}
+    original = zarr.Array.__setitem__
+    def dying_setitem(self, key, value):
+        calls["n"] += 1
+        if calls["n"] == {kill_at}:
+            os.kill(os.getpid(), signal.SIGKILL)   # mid-shard: some arrays of the shard written, no commit
+        return original(self, key, value)
+    zarr.Array.__setitem__ = dying_setitem
+    test_pools.run_campaign({path!r})
+""")
+
+
+@pytest.mark.parametrize("kill_at", [2, 9, 20])
+def test_killed_campaign_resumes_without_duplicates_or_losses(tmp_path, kill_at):
+    path = str(tmp_path / "pool")
+    script = KILLER.format(tests=str(Path(__file__).parent), kill_at=kill_at, path=path)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    done_before = open_pool_writer(path).done_shards()
+    with pytest.raises(PoolError, match="incomplete pool"):
+        load_pool(path)
+    run_campaign(path)  # resume: committed shards are skipped, the interrupted one is rewritten
+    assert done_before <= open_pool_writer(path).done_shards()
+    run_campaign(tmp_path / "reference")
+    assert_same_pool(load_pool(path), load_pool(tmp_path / "reference"))
+    counts = commit_counts(path)
+    assert len(counts) == 2 + 2 * len(SCORERS) and all((c == 1).all() for c in counts.values())
+
+
+def test_exception_between_write_and_commit_loses_only_that_shard(tmp_path, monkeypatch):
+    path = tmp_path / "pool"
+    original = PoolWriter._commit
+    state = {"commits": 0}
+
+    def failing_commit(self, *args):
+        state["commits"] += 1
+        if state["commits"] == 5:
+            raise RuntimeError("injected crash after the data write, before the commit")
+        return original(self, *args)
+
+    monkeypatch.setattr(PoolWriter, "_commit", failing_commit)
+    with pytest.raises(RuntimeError, match="injected"):
+        run_campaign(path)
+    monkeypatch.setattr(PoolWriter, "_commit", original)
+    assert len(open_pool_writer(path).done_shards()) == 4
+    run_campaign(path)
+    run_campaign(tmp_path / "reference")
+    assert_same_pool(load_pool(path), load_pool(tmp_path / "reference"))
+
+
+def test_partial_load_of_committed_shards(tmp_path):
+    tokens, draws, ids, tlp = engine_data()
+    writer = create_pool(tmp_path / "p", n=n, num_per_side=N, repeats=R, scorers=SCORERS)
+    for side in ("pi", "mu"):
+        writer.write_tokens(side, 0, tokens[side])
+        for sc in SCORERS:
+            writer.write_draws(side, sc, 0, 0, draws[(side, sc)][:, :, :2])  # passes 0, 1 of 4
+    writer.write_draws("pi", "vllm", 0, 2, draws[("pi", "vllm")][:, :, 2:3])
+    with pytest.raises(PoolError) as err:
+        load_pool(tmp_path / "p")
+    assert "logprobs" not in str(err.value)  # coverage is reported per shard family
+    assert "draws/pi/vllm: rows 0:10 x passes 3:4 not committed" in str(err.value)
+    assert "draws/mu/sglang: rows 0:10 x passes 2:4 not committed" in str(err.value)
+    part = load_pool(tmp_path / "p", partial=True)
+    assert part.passes.tolist() == [0, 1] and part.logprobs["pi"]["vllm"].shape == (N, n, 2)
+    np.testing.assert_array_equal(part.logprobs["mu"]["sglang"], draws[("mu", "sglang")][:, :, :2])
+
+
+def test_partial_load_by_rows(tmp_path):
+    writer = create_pool(tmp_path / "p", n=n, num_per_side=N, repeats=R, row_chunk=4)
+    rng = np.random.default_rng(1)
+    for side in ("pi", "mu"):
+        writer.write_tokens(side, 0, rng.integers(0, 5, (4, n)))
+        for sc in ("pi", "mu"):
+            writer.write_draws(side, sc, 0, 0, np.log(rng.random((4, n, R))))
+    writer.write_tokens("pi", 4, rng.integers(0, 5, (4, n)))
+    part = load_pool(tmp_path / "p", partial=True)
+    assert part.rows["pi"].tolist() == [0, 1, 2, 3] and part.passes.size == R
+    assert coverage(tmp_path / "p")["tokens/pi"].sum() == 8
+
+
+def test_refusals_are_precise(tmp_path):
+    path = tmp_path / "pool"
+    run_campaign(path)
+    with pytest.raises(PoolError, match="already exists"):
+        create_pool(path, n=n, num_per_side=N, repeats=R, scorers=SCORERS, top_k=K)
+    with pytest.raises(PoolError, match="differs from requested"):
+        create_pool(path, n=n, num_per_side=N, repeats=R + 1, scorers=SCORERS, top_k=K, exist_ok=True)
+    with pytest.raises(PoolError, match=r"metadata mismatch .*model: 'other' vs 'm'"):
+        load_pool(path, expect={"model": "other"})
+    writer = open_pool_writer(path)
+    with pytest.raises(PoolError, match="overlaps committed shard draws.pi.vllm.r0-10.p1-2"):
+        writer.write_draws("pi", "vllm", 0, 1, np.zeros((N, n, 1)), np.zeros((N, n, 1, K), int), np.zeros((N, n, 1, K)))
+    with pytest.raises(PoolError, match=r"logprobs block: expected shape \(10, 5, 1\), found \(10, 4, 1\)"):
+        writer.write_draws("pi", "vllm", 0, 1, np.zeros((N, 4, 1)))
+    with pytest.raises(PoolError, match="contains NaN"):
+        writer.write_draws("pi", "vllm", 0, 1, np.full((N, n, 1), np.nan))
+    with pytest.raises(PoolError, match=r"passes 3:5 out of range 0:4"):
+        writer.write_draws("pi", "vllm", 0, 3, np.zeros((N, n, 2)))
+    with pytest.raises(PoolError, match="unknown scorer 'hf'"):
+        writer.write_draws("pi", "hf", 0, 0, np.zeros((N, n, 1)))
+    with pytest.raises(PoolError, match="not a pool"):
+        load_pool(tmp_path / "nothing")
+
+
+def test_truncated_pool_is_refused(tmp_path):
+    path = tmp_path / "pool"
+    run_campaign(path)
+    (path / "commits" / f"{draws_key('mu', 'sglang', 0, N, 2, 3)}.json").unlink()
+    with pytest.raises(PoolError, match=r"^incomplete pool: draws/mu/sglang: rows 0:10 x passes 2:3 not committed$"):
+        load_pool(path)
+
+
+def test_damaged_chunks_and_mismatched_arrays_are_refused(tmp_path):
+    path = tmp_path / "pool"
+    run_campaign(path)
+    chunk = next((path / "logprobs" / "pi" / "sglang" / "c").rglob("*"))
+    while chunk.is_dir():
+        chunk = next(chunk.iterdir())
+    chunk.unlink()  # a committed chunk file lost on disk reads back as the NaN fill value
+    with pytest.raises(PoolError, match="array logprobs/pi/sglang: committed region holds NaN"):
+        load_pool(path)
+    run_campaign(tmp_path / "p2")
+    group = zarr.open_group(str(tmp_path / "p2"), mode="r+")
+    group.create_array("logprobs/pi/vllm", shape=(N, n, R - 1), dtype="float32", overwrite=True)
+    with pytest.raises(PoolError, match=r"array logprobs/pi/vllm: expected shape \(10, 5, 4\) float32, "
+                                        r"found \(10, 5, 3\) float32"):
+        load_pool(tmp_path / "p2")
+
+
+def test_format_version_mismatch_is_refused(tmp_path):
+    path = tmp_path / "pool"
+    run_campaign(path)
+    zarr.open_group(str(path), mode="r+").attrs["format_version"] = FORMAT_VERSION + 1
+    with pytest.raises(PoolError, match=f"pool format version {FORMAT_VERSION + 1}, this tvjax reads version {FORMAT_VERSION}"):
+        read_spec(path)
+
+
+def test_pools_module_imports_no_jax():
+    code = "import sys, tvjax.pools; assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,109 @@
+"""The shared currency over stored draws: repeat-axis hygiene and r-averaged path log-probabilities.
+
+Pools hold draws[N, n, R] of log p(x_i | x_<i). Every repeat-axis statistic first permutes the
+repeats independently and uniformly at each (trajectory, position) cell (paper, B.1), and is
+averaged over several such permutations; `Hygiene(permute=False)` keeps serving order instead.
+"""
+
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from tvjax.currency import mixture_z
+from tvjax.pools import SIDES, Pool
+
+
+class Hygiene(NamedTuple):
+    """Repeat-axis hygiene: permute (default) or keep serving order; permutations are averaged."""
+
+    permute: bool = True
+    num_permutations: int = 8
+    seed: int = 0
+
+
+def check_hygiene(hygiene: Hygiene) -> Hygiene:
+    if int(hygiene.num_permutations) != hygiene.num_permutations or hygiene.num_permutations < 1:
+        raise ValueError(f"num_permutations must be a positive integer, got {hygiene.num_permutations!r}")
+    return hygiene
+
+
+def permutation_streams(hygiene: Hygiene) -> Iterator[np.random.Generator | None]:
+    """One random stream per permutation to average over, or a single None (serving order)."""
+    check_hygiene(hygiene)
+    if not hygiene.permute:
+        yield None
+        return
+    for seq in np.random.SeedSequence(hygiene.seed).spawn(hygiene.num_permutations):
+        yield np.random.default_rng(seq)
+
+
+def shuffle_repeats(rng: np.random.Generator | None, draws: np.ndarray, *aligned: np.ndarray) -> tuple:
+    """Permute the repeat axis (axis 2) independently and uniformly per (trajectory, position) cell.
+
+    draws: [N, n, R]; aligned: arrays [N, n, R, ...] (top-k ids / log-probs of the same passes),
+    permuted identically. rng None keeps serving order. Returns (draws, *aligned).
+    """
+    if rng is None:
+        return (draws,) + aligned
+    order = np.argsort(rng.random(draws.shape, dtype=np.float32), axis=-1)
+    out = [np.take_along_axis(draws, order, axis=2)]
+    for a in aligned:
+        index = order.reshape(order.shape + (1,) * (a.ndim - 3))
+        out.append(np.take_along_axis(a, index, axis=2))
+    return tuple(out)
+
+
+def check_grid(grid, limit: int, name: str = "repetition grid") -> np.ndarray:
+    grid = np.asarray(grid, dtype=np.int64)
+    if grid.ndim != 1 or grid.size == 0 or np.any(np.diff(grid) <= 0) or grid[0] < 1 or grid[-1] > limit:
+        raise ValueError(f"{name} must be strictly increasing integers in [1, {limit}], got {grid.tolist()}")
+    return grid
+
+
+def powers_of_two(limit: int) -> np.ndarray:
+    """1, 2, 4, ... up to limit, plus limit itself."""
+    grid = 2 ** np.arange(int(np.log2(limit)) + 1)
+    return np.unique(np.append(grid, limit))
+
+
+def cell_log_means(draws: np.ndarray, grid) -> np.ndarray:
+    """log of the mean of the first r draws per cell for each r in grid, clipped to <= 0.
+
+    draws: [N, n, R] log-probabilities (-inf = zero mass) -> [N, n, G]; -inf where all r draws
+    are zero (a pool's zero is a real zero: no floor).
+    """
+    grid = check_grid(grid, draws.shape[-1])
+    partial = np.cumsum(np.exp(draws.astype(np.float64)), axis=-1)[..., grid - 1]
+    with np.errstate(divide="ignore"):
+        return np.minimum(np.log(partial / grid), 0.0)
+
+
+def path_logprobs(draws: np.ndarray, grid) -> np.ndarray:
+    """L_r = sum_i log(mean of the first r draws) for each r in grid: [N, n, R] -> [N, G]."""
+    return cell_log_means(draws, grid).sum(axis=1)
+
+
+def z_values(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
+    """Z = tanh(|L_a - L_b| / 2) (1 where a side has zero mass) via tvjax.currency.mixture_z.
+
+    Both sides are shifted by their common finite maximum first, so float32 inside JAX keeps the
+    full precision of the difference even when L is in the thousands.
+    """
+    log_a, log_b = np.asarray(log_a, np.float64), np.asarray(log_b, np.float64)
+    top = np.maximum(log_a, log_b)
+    shift = np.where(np.isneginf(top), 0.0, top)
+    return np.asarray(mixture_z(log_a - shift, log_b - shift), dtype=np.float64)
+
+
+def default_pair(pool: Pool, pair=None) -> tuple[str, str]:
+    """(scorer of pi, scorer of mu): the given pair, else the pool's samplers; checked against the pool."""
+    pair = tuple(pool.spec.samplers if pair is None else pair)
+    loaded = set(pool.logprobs[SIDES[0]])
+    if len(pair) != 2 or not set(pair) <= loaded:
+        raise ValueError(f"pair must name two loaded scorers {sorted(loaded)}, got {pair!r}")
+    return pair
+
+
+def pair_queries(n: int, repeats: int) -> int:
+    """Queries of one symmetric sample (one trajectory per side, each scored by both models at r)."""
+    return 2 * (n + 2 * n * int(repeats))
