@@ -233,7 +233,7 @@ class PoolWriter:
     def update_metadata(self, **entries: Any) -> None:
         """Merge JSON-serializable entries into the pool metadata (e.g. finished_at)."""
         meta = dict(self.metadata, **entries)
-        json.dumps(meta)
+        _check_json(meta)
         self._group.attrs["metadata"] = meta
         self.metadata = meta
 
@@ -243,7 +243,7 @@ class PoolWriter:
         spec = self.spec
         _check_side(side)
         tokens = np.asarray(tokens)
-        rows = _rows(row_start, tokens.shape[0], spec.num_per_side)
+        rows = _span("rows", row_start, tokens.shape[0], spec.num_per_side)
         _check_block("tokens", tokens, (rows[1] - rows[0], spec.n), np.integer)
         if spec.sample_logprobs != (sample_logprobs is not None):
             raise PoolError(f"spec.sample_logprobs={spec.sample_logprobs} but sample_logprobs "
@@ -270,8 +270,8 @@ class PoolWriter:
         logprobs = np.asarray(logprobs)
         if logprobs.ndim != 3:
             raise PoolError(f"logprobs block must be [rows, n, passes], got shape {logprobs.shape}")
-        rows = _rows(row_start, logprobs.shape[0], spec.num_per_side)
-        passes = _passes(pass_start, logprobs.shape[2], spec.repeats)
+        rows = _span("rows", row_start, logprobs.shape[0], spec.num_per_side)
+        passes = _span("passes", pass_start, logprobs.shape[2], spec.repeats)
         _check_block("logprobs", logprobs, (rows[1] - rows[0], spec.n, passes[1] - passes[0]), np.floating)
         if np.isnan(logprobs).any():
             raise PoolError("logprobs block contains NaN; a zero-mass draw is -inf, never NaN")
@@ -307,6 +307,13 @@ class PoolWriter:
         self._committed[key] = rec
 
 
+def _check_json(meta: dict) -> None:
+    try:
+        json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise PoolError(f"metadata must be JSON-serializable: {e}") from e
+
+
 def _overlap(a, b) -> bool:
     return max(a[0], b[0]) < min(a[1], b[1])
 
@@ -316,15 +323,9 @@ def _check_side(side: str) -> None:
         raise PoolError(f"side must be one of {SIDES}, got {side!r}")
 
 
-def _rows(start: int, count: int, total: int) -> tuple[int, int]:
+def _span(what: str, start: int, count: int, total: int) -> tuple[int, int]:
     if start < 0 or count < 1 or start + count > total:
-        raise PoolError(f"rows {start}:{start + count} out of range 0:{total}")
-    return int(start), int(start + count)
-
-
-def _passes(start: int, count: int, total: int) -> tuple[int, int]:
-    if start < 0 or count < 1 or start + count > total:
-        raise PoolError(f"passes {start}:{start + count} out of range 0:{total}")
+        raise PoolError(f"{what} {start}:{start + count} out of range 0:{total}")
     return int(start), int(start + count)
 
 
@@ -379,10 +380,7 @@ def create_pool(path: str | os.PathLike, *, n: int, num_per_side: int, repeats: 
     meta.setdefault("created_at", _now())
     meta.setdefault("top_k", spec.top_k)
     meta["format_version"] = FORMAT_VERSION
-    try:
-        json.dumps(meta)
-    except TypeError as e:
-        raise PoolError(f"metadata must be JSON-serializable: {e}") from e
+    _check_json(meta)
     group = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
     for name, (shape, dtype, chunks) in _array_layout(spec).items():
         fill = -1 if dtype == "int32" else float("nan")
@@ -515,4 +513,4 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
     with_topk = spec.top_k is not None and top_k
     ids = {s: {sc: get(f"topk_ids/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
     tlp = {s: {sc: get(f"topk_logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
-    return Pool(spec._replace(scorers=scorers, samplers=spec.samplers), meta, tokens, slp, lps, ids, tlp, rows, passes)
+    return Pool(spec._replace(scorers=scorers), meta, tokens, slp, lps, ids, tlp, rows, passes)

@@ -70,12 +70,11 @@ def cell_log_means(draws: np.ndarray, grid) -> np.ndarray:
     """log of the mean of the first r draws per cell for each r in grid, clipped to <= 0.
 
     draws: [N, n, R] log-probabilities (-inf = zero mass) -> [N, n, G]; -inf where all r draws
-    are zero (a pool's zero is a real zero: no floor).
+    are zero (a pool's zero is a real zero: no floor). Accumulated in log space (no underflow).
     """
     grid = check_grid(grid, draws.shape[-1])
-    partial = np.cumsum(np.exp(draws.astype(np.float64)), axis=-1)[..., grid - 1]
-    with np.errstate(divide="ignore"):
-        return np.minimum(np.log(partial / grid), 0.0)
+    log_sums = np.logaddexp.accumulate(draws.astype(np.float64), axis=-1)[..., grid - 1]
+    return np.minimum(log_sums - np.log(grid), 0.0)
 
 
 def path_logprobs(draws: np.ndarray, grid) -> np.ndarray:
@@ -104,6 +103,7 @@ def default_pair(pool: Pool, pair=None) -> tuple[str, str]:
     return pair
 
 
-def pair_queries(n: int, repeats: int) -> int:
-    """Queries of one symmetric sample (one trajectory per side, each scored by both models at r)."""
-    return 2 * (n + 2 * n * int(repeats))
+def sample_queries(n: int, repeats, sides: int = 2):
+    """Queries of one sample: per side, sampling a trajectory (n) and scoring it with both models
+    at r repeats (2 n r). A symmetric sample has one trajectory per side (sides=2)."""
+    return sides * n * (1 + 2 * np.asarray(repeats, dtype=np.float64))

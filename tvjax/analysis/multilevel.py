@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tvjax.analysis.currency import (Hygiene, check_grid, default_pair, path_logprobs, permutation_streams,
-                                     powers_of_two, shuffle_repeats, z_values)
+                                     powers_of_two, sample_queries, shuffle_repeats, z_values)
 from tvjax.pools import SIDES, Pool
 
 _TIE = 1e-9  # relative RMSE margin a schedule with more levels must beat
@@ -174,9 +174,8 @@ def evaluate_multilevel(pool: Pool, pair=None, grid=None, budgets=None, pilot_si
     if half < 2:
         raise ValueError("the multilevel evaluation needs at least 4 stored repeats (levels + held-out reference)")
     grid = check_grid(powers_of_two(half) if grid is None else grid, half, "multilevel grid (r <= R/2)")
-    n = pool.spec.n
     sides = 2 if arm == "symmetric" else 1
-    sample_cost = lambda r: sides * n * (1 + 2 * np.asarray(r, float))  # sampling n + scoring 2 n r per side
+    sample_cost = lambda r: sample_queries(pool.spec.n, r, sides)
     schedules = make_schedules(grid, max_levels)
     single = schedules.mask.sum(axis=1) == 1
     rng = np.random.default_rng(seed)

@@ -59,7 +59,7 @@ def zero_mass_rates(pool: Pool) -> ZeroMassRates:
 
 
 def _deltas(pool: Pool, pair) -> np.ndarray:
-    """L_pair[0] - L_pair[1] on the trajectories of both sides (pi side first), -inf/+inf/nan-free mask left to caller."""
+    """L_pair[0] - L_pair[1] per trajectory of both sides (pi side first); +inf where either is zero mass."""
     out = []
     for side in SIDES:
         la, lb = (path_logprobs(pool.logprobs[side][s], [pool.passes.size])[:, 0] for s in pair)

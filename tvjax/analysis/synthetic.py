@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tvjax.pools import SIDES, PoolWriter, create_pool
+from tvjax.pools import SIDES, PoolWriter, create_pool, draws_key, tokens_key
 
 
 def _as_logprobs(probs: np.ndarray, what: str) -> np.ndarray:
@@ -70,10 +70,10 @@ def write_synthetic_pool(key, path, pi, mu, oracle, *, num_per_side: int, repeat
         for start in range(0, num_per_side, row_chunk):
             rows = tokens[start:start + row_chunk]
             stop = start + rows.shape[0]
-            if not writer.is_done(f"tokens.{side}.r{start}-{stop}"):
+            if not writer.is_done(tokens_key(side, start, stop)):
                 writer.write_tokens(side, start, np.asarray(rows), np.asarray(process.path_logprobs(rows)))
             for j, (name, (scorer, orc)) in enumerate(scorers.items()):
-                if writer.is_done(f"draws.{side}.{name}.r{start}-{stop}.p0-{repeats}"):
+                if writer.is_done(draws_key(side, name, start, stop, 0, repeats)):
                     continue
                 shard_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key_draws, i), j), start)
                 lp, ids, tlp = _draw_block(shard_key, scorer, orc, rows, repeats, top_k, f"{side}/{name}")

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import (Hygiene, cell_log_means, check_grid, default_pair, pair_queries,
+from tvjax.analysis.currency import (Hygiene, cell_log_means, check_grid, default_pair, sample_queries,
                                      path_logprobs, permutation_streams, powers_of_two, shuffle_repeats,
                                      z_values)
 from tvjax.currency import likelihood_ratio_term
@@ -111,7 +111,7 @@ def tv_estimate(pool: Pool, pair=None, repeats: int | None = None, num_resamples
     lr_mu = float(np.mean(likelihood_ratio_term(lb_mu[:, 0], la_mu[:, 0])))
     low, high = bootstrap_ci(np.random.default_rng(seed), z["pi"], z["mu"], num_resamples, confidence)
     sizes = (len(z["pi"]), len(z["mu"]))
-    queries = pair_queries(pool.spec.n, r) * (sizes[0] + sizes[1]) // 2
+    queries = sample_queries(pool.spec.n, r, sides=1) * (sizes[0] + sizes[1])
     return TVReport(float(value), float(stderr), low, high, float(arm_pi), float(se_pi), float(arm_mu),
                     float(se_mu), float(shared), float(mismatch), float(miss["pi"].mean()),
                     float(miss["mu"].mean()), lr_pi, lr_mu, r, sizes, int(queries), pair)
