@@ -185,3 +185,13 @@ def test_report_and_commands(block_pool, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["pair"] == ["pi", "mu"]
     assert analysis_main(["tv", str(tmp_path / "missing")]) == 2
     assert "not a pool" in capsys.readouterr().err
+
+
+def test_fewer_repeats_average_over_permutations(block_pool):
+    pool = load_pool(block_pool)
+    curve = tv_by_repeats(pool, grid=[4], hygiene=FEW)
+    assert tv_estimate(pool, repeats=4, hygiene=FEW).value == pytest.approx(curve.value[0], abs=1e-12)
+    served = tv_estimate(pool, repeats=4, hygiene=Hygiene(permute=False))
+    assert served.value != curve.value[0] and abs(served.value - curve.value[0]) < 2 * served.stderr
+    with pytest.raises(ValueError, match=r"repeats must be in \[1, 16\], got 17"):
+        tv_estimate(pool, repeats=17)

@@ -41,9 +41,9 @@ def run(args) -> object:
     hygiene = Hygiene(not args.serving_order, args.permutations, args.seed)
     scorers = [args.scorer] if args.scorer else list(pool.spec.scorers)
     if args.command == "tv":
-        return tv_estimate(pool, args.pair, args.repeats, seed=args.seed)
+        return tv_estimate(pool, args.pair, args.repeats, hygiene, seed=args.seed)
     if args.command == "prefix":
-        return tv_by_prefix(pool, args.pair, args.repeats)
+        return tv_by_prefix(pool, args.pair, args.repeats, hygiene)
     if args.command == "repeats":
         return tv_by_repeats(pool, args.pair, hygiene=hygiene)
     if args.command == "sigma":

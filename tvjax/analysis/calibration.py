@@ -9,7 +9,7 @@ from tvjax.analysis.currency import Hygiene, permutation_streams, shuffle_repeat
 from tvjax.pools import SIDES, Pool
 
 PERCENTILES = (50.0, 90.0, 99.0, 100.0)
-_MAX_ELEMENTS = 2**23  # bound on the elements of one vectorized row block
+_MAX_ELEMENTS = 2**21  # bound on the top-k entries of one vectorized row block (memory)
 
 
 class SigmaCalibration(NamedTuple):

@@ -9,7 +9,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from tvjax.currency import mixture_z
+from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.pools import SIDES, Pool
 
 
@@ -82,16 +82,23 @@ def path_logprobs(draws: np.ndarray, grid) -> np.ndarray:
     return cell_log_means(draws, grid).sum(axis=1)
 
 
-def z_values(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
-    """Z = tanh(|L_a - L_b| / 2) (1 where a side has zero mass) via tvjax.currency.mixture_z.
-
-    Both sides are shifted by their common finite maximum first, so float32 inside JAX keeps the
-    full precision of the difference even when L is in the thousands.
-    """
+def _shifted(log_a: np.ndarray, log_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides minus their common finite maximum: float32 inside JAX then keeps the full
+    precision of the difference even when L is in the thousands."""
     log_a, log_b = np.asarray(log_a, np.float64), np.asarray(log_b, np.float64)
     top = np.maximum(log_a, log_b)
     shift = np.where(np.isneginf(top), 0.0, top)
-    return np.asarray(mixture_z(log_a - shift, log_b - shift), dtype=np.float64)
+    return log_a - shift, log_b - shift
+
+
+def z_values(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
+    """Z = tanh(|L_a - L_b| / 2) (1 where a side has zero mass), via tvjax.currency.mixture_z."""
+    return np.asarray(mixture_z(*_shifted(log_a, log_b)), dtype=np.float64)
+
+
+def lr_values(log_own: np.ndarray, log_other: np.ndarray) -> np.ndarray:
+    """(1 - p_other / p_own)_+ for X ~ own (Algorithm 1), via tvjax.currency.likelihood_ratio_term."""
+    return np.asarray(likelihood_ratio_term(*_shifted(log_own, log_other)), dtype=np.float64)
 
 
 def default_pair(pool: Pool, pair=None) -> tuple[str, str]:

@@ -5,11 +5,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import (Hygiene, cell_log_means, check_grid, default_pair, sample_queries,
-                                     path_logprobs, permutation_streams, powers_of_two, shuffle_repeats,
-                                     z_values)
-from tvjax.currency import likelihood_ratio_term
-from tvjax.pools import Pool
+from tvjax.analysis.currency import (Hygiene, cell_log_means, check_grid, default_pair, lr_values,
+                                     path_logprobs, permutation_streams, powers_of_two, sample_queries,
+                                     shuffle_repeats, z_values)
+from tvjax.pools import SIDES, Pool
 
 
 class TVReport(NamedTuple):
@@ -77,9 +76,25 @@ def _symmetric(z_pi: np.ndarray, z_mu: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return (m_pi + m_mu) / 2, np.sqrt(s_pi**2 + s_mu**2) / 2
 
 
-def side_path_logprobs(pool: Pool, side: str, pair, grid) -> tuple[np.ndarray, np.ndarray]:
-    """(L under pair[0], L under pair[1]) for trajectories of `side`, in serving order: [N, G] each."""
-    return tuple(path_logprobs(pool.logprobs[side][scorer], grid) for scorer in pair)
+def prefix_terms(pool: Pool, pair, repeats: int, hygiene: Hygiene) -> dict:
+    """Per side, per trajectory and prefix length t: (Z, mismatch indicator, Z off the mismatch,
+    likelihood-ratio term) from the r-averages of the first `repeats` passes, each [N, n] and averaged over repeat
+    permutations (one pass suffices when repeats = R: the full average ignores the order)."""
+    num_r = pool.passes.size
+    if not 1 <= repeats <= num_r:
+        raise ValueError(f"repeats must be in [1, {num_r}], got {repeats}")
+    streams = [None] if repeats == num_r else list(permutation_streams(hygiene))
+    terms = {}
+    for side in SIDES:
+        acc = 0.0
+        for rng in streams:
+            la, lb = (np.cumsum(cell_log_means(shuffle_repeats(rng, pool.logprobs[side][s])[0], [repeats])[..., 0],
+                                axis=1) for s in pair)
+            own, other = (la, lb) if side == SIDES[0] else (lb, la)
+            z, miss = z_values(la, lb), np.isneginf(la) | np.isneginf(lb)
+            acc = acc + np.stack([z, miss, np.where(miss, 0.0, z), lr_values(own, other)])
+        terms[side] = tuple(acc / len(streams))
+    return terms
 
 
 def bootstrap_ci(rng: np.random.Generator, z_pi: np.ndarray, z_mu: np.ndarray, num_resamples: int,
@@ -93,41 +108,33 @@ def bootstrap_ci(rng: np.random.Generator, z_pi: np.ndarray, z_mu: np.ndarray, n
     return float(low), float(high)
 
 
-def tv_estimate(pool: Pool, pair=None, repeats: int | None = None, num_resamples: int = 2000,
-                confidence: float = 0.95, seed: int = 0) -> TVReport:
-    """Symmetric plug-in TV from the first `repeats` stored passes (default all) of each scorer."""
+def tv_estimate(pool: Pool, pair=None, repeats: int | None = None, hygiene: Hygiene = Hygiene(),
+                num_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> TVReport:
+    """Symmetric plug-in TV from r = `repeats` passes (default all) of each scorer; for r < R the
+    per-trajectory terms are averaged over repeat permutations before the bootstrap."""
     pair = default_pair(pool, pair)
     r = int(pool.passes.size if repeats is None else repeats)
-    logs = {s: side_path_logprobs(pool, s, pair, [r]) for s in ("pi", "mu")}
-    z = {s: z_values(la[:, 0], lb[:, 0]) for s, (la, lb) in logs.items()}
-    miss = {s: np.isneginf(la[:, 0]) | np.isneginf(lb[:, 0]) for s, (la, lb) in logs.items()}
-    value, stderr = _symmetric(z["pi"], z["mu"])
-    (arm_pi, se_pi), (arm_mu, se_mu) = _mean_se(z["pi"]), _mean_se(z["mu"])
-    mismatch = (miss["pi"].mean() + miss["mu"].mean()) / 2
-    shared = (np.where(miss["pi"], 0.0, z["pi"]).mean() + np.where(miss["mu"], 0.0, z["mu"]).mean()) / 2
-    la_pi, lb_pi = logs["pi"]
-    la_mu, lb_mu = logs["mu"]
-    lr_pi = float(np.mean(likelihood_ratio_term(la_pi[:, 0], lb_pi[:, 0])))
-    lr_mu = float(np.mean(likelihood_ratio_term(lb_mu[:, 0], la_mu[:, 0])))
-    low, high = bootstrap_ci(np.random.default_rng(seed), z["pi"], z["mu"], num_resamples, confidence)
-    sizes = (len(z["pi"]), len(z["mu"]))
+    terms = {s: tuple(x[:, -1] for x in v) for s, v in prefix_terms(pool, pair, r, hygiene).items()}
+    (z_pi, miss_pi, shared_pi, lr_pi), (z_mu, miss_mu, shared_mu, lr_mu) = terms["pi"], terms["mu"]
+    value, stderr = _symmetric(z_pi, z_mu)
+    (arm_pi, se_pi), (arm_mu, se_mu) = _mean_se(z_pi), _mean_se(z_mu)
+    mismatch, shared = (miss_pi.mean() + miss_mu.mean()) / 2, (shared_pi.mean() + shared_mu.mean()) / 2
+    low, high = bootstrap_ci(np.random.default_rng(seed), z_pi, z_mu, num_resamples, confidence)
+    sizes = (len(z_pi), len(z_mu))
     queries = sample_queries(pool.spec.n, r, sides=1) * (sizes[0] + sizes[1])
     return TVReport(float(value), float(stderr), low, high, float(arm_pi), float(se_pi), float(arm_mu),
-                    float(se_mu), float(shared), float(mismatch), float(miss["pi"].mean()),
-                    float(miss["mu"].mean()), lr_pi, lr_mu, r, sizes, int(queries), pair)
+                    float(se_mu), float(shared), float(mismatch), float(miss_pi.mean()),
+                    float(miss_mu.mean()), float(lr_pi.mean()), float(lr_mu.mean()), r, sizes, int(queries), pair)
 
 
-def tv_by_prefix(pool: Pool, pair=None, repeats: int | None = None) -> PrefixCurve:
+def tv_by_prefix(pool: Pool, pair=None, repeats: int | None = None, hygiene: Hygiene = Hygiene()) -> PrefixCurve:
     """TV between the length-t prefix marginals for every t, from the same trajectories and draws."""
     pair = default_pair(pool, pair)
     r = int(pool.passes.size if repeats is None else repeats)
-    z, miss = {}, {}
-    for side in ("pi", "mu"):
-        la, lb = (np.cumsum(cell_log_means(pool.logprobs[side][s], [r])[..., 0], axis=1) for s in pair)
-        z[side], miss[side] = z_values(la, lb), np.isneginf(la) | np.isneginf(lb)
-    value, stderr = _symmetric(z["pi"], z["mu"])
-    mismatch = (miss["pi"].mean(0) + miss["mu"].mean(0)) / 2
-    return PrefixCurve(np.arange(1, pool.spec.n + 1), value, stderr, z["pi"].mean(0), z["mu"].mean(0), mismatch)
+    (z_pi, miss_pi, _, _), (z_mu, miss_mu, _, _) = prefix_terms(pool, pair, r, hygiene).values()
+    value, stderr = _symmetric(z_pi, z_mu)
+    mismatch = (miss_pi.mean(0) + miss_mu.mean(0)) / 2
+    return PrefixCurve(np.arange(1, pool.spec.n + 1), value, stderr, z_pi.mean(0), z_mu.mean(0), mismatch)
 
 
 def self_noise_z(draws: np.ndarray, grid) -> np.ndarray:
