@@ -245,16 +245,19 @@ class PoolWriter:
         tokens = np.asarray(tokens)
         rows = _span("rows", row_start, tokens.shape[0], spec.num_per_side)
         _check_block("tokens", tokens, (rows[1] - rows[0], spec.n), np.integer)
+        if (tokens < 0).any():
+            raise PoolError("tokens block holds negative token ids")
         if spec.sample_logprobs != (sample_logprobs is not None):
             raise PoolError(f"spec.sample_logprobs={spec.sample_logprobs} but sample_logprobs "
                             f"{'was not' if sample_logprobs is None else 'was'} given")
+        if sample_logprobs is not None:
+            sample_logprobs = np.asarray(sample_logprobs)
+            _check_block("sample_logprobs", sample_logprobs, tokens.shape, np.floating)
         key = tokens_key(side, *rows)
         self._refuse_overlap(key, "tokens", side, None, rows, None)
         self._group[f"tokens/{side}"][rows[0]:rows[1]] = tokens.astype(np.int32)
         if sample_logprobs is not None:
-            slp = np.asarray(sample_logprobs)
-            _check_block("sample_logprobs", slp, tokens.shape, np.floating)
-            self._group[f"sample_logprobs/{side}"][rows[0]:rows[1]] = slp.astype(np.float32)
+            self._group[f"sample_logprobs/{side}"][rows[0]:rows[1]] = sample_logprobs.astype(np.float32)
         self._commit(key, "tokens", side, None, rows, None)
         return key
 
@@ -278,17 +281,17 @@ class PoolWriter:
         if (spec.top_k is None) != (topk_ids is None) or (topk_ids is None) != (topk_logprobs is None):
             raise PoolError(f"spec.top_k={spec.top_k}: top-k ids and log-probs must both be "
                             f"{'omitted' if spec.top_k is None else 'given'}")
+        if topk_ids is not None:
+            topk_ids, topk_logprobs = np.asarray(topk_ids), np.asarray(topk_logprobs)
+            _check_block("topk_ids", topk_ids, logprobs.shape + (spec.top_k,), np.integer)
+            _check_block("topk_logprobs", topk_logprobs, logprobs.shape + (spec.top_k,), np.floating)
         key = draws_key(side, scorer, *rows, *passes)
         self._refuse_overlap(key, "draws", side, scorer, rows, passes)
         sl = (slice(*rows), slice(None), slice(*passes))
         self._group[f"logprobs/{side}/{scorer}"][sl] = logprobs.astype(np.float32)
         if topk_ids is not None:
-            shape = logprobs.shape + (spec.top_k,)
-            ids, tlp = np.asarray(topk_ids), np.asarray(topk_logprobs)
-            _check_block("topk_ids", ids, shape, np.integer)
-            _check_block("topk_logprobs", tlp, shape, np.floating)
-            self._group[f"topk_ids/{side}/{scorer}"][sl] = ids.astype(np.int32)
-            self._group[f"topk_logprobs/{side}/{scorer}"][sl] = tlp.astype(np.float32)
+            self._group[f"topk_ids/{side}/{scorer}"][sl] = topk_ids.astype(np.int32)
+            self._group[f"topk_logprobs/{side}/{scorer}"][sl] = topk_logprobs.astype(np.float32)
         self._commit(key, "draws", side, scorer, rows, passes)
         return key
 

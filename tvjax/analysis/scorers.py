@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tvjax.analysis.currency import default_pair, path_logprobs
-from tvjax.analysis.tv import TVReport, _mean_se, tv_estimate
+from tvjax.analysis.tv import TVReport, mean_stderr, tv_estimate
 from tvjax.pools import SIDES, Pool
 
 
@@ -78,7 +78,7 @@ def compare_scorers(pool: Pool, pair_b, pair_a=None) -> ScorerComparison:
     if shared.sum() < 2:
         raise ValueError(f"fewer than 2 trajectories have finite log-probabilities under both {pair_a} and {pair_b}")
     a, b = d_a[shared], d_b[shared]
-    shift, shift_se = _mean_se(np.abs(b) - np.abs(a))
+    shift, shift_se = mean_stderr(np.abs(b) - np.abs(a))
     denom = float(np.sum(a * a))
     if denom == 0:
         raise ValueError(f"pair {pair_a} gives identical log-probabilities on every shared trajectory; "

@@ -63,7 +63,8 @@ class RepeatCurve(NamedTuple):
     permuted: bool
 
 
-def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def mean_stderr(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard error of the mean along `axis` (at least 2 samples)."""
     num = x.shape[axis]
     if num < 2:
         raise ValueError(f"need at least 2 trajectories per side for a standard error, got {num}")
@@ -72,14 +73,14 @@ def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def _symmetric(z_pi: np.ndarray, z_mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(value, stderr) of (mean z_pi + mean z_mu)/2 along axis 0 (independent strata)."""
-    (m_pi, s_pi), (m_mu, s_mu) = _mean_se(z_pi), _mean_se(z_mu)
+    (m_pi, s_pi), (m_mu, s_mu) = mean_stderr(z_pi), mean_stderr(z_mu)
     return (m_pi + m_mu) / 2, np.sqrt(s_pi**2 + s_mu**2) / 2
 
 
 def prefix_terms(pool: Pool, pair, repeats: int, hygiene: Hygiene) -> dict:
     """Per side, per trajectory and prefix length t: (Z, mismatch indicator, Z off the mismatch,
-    likelihood-ratio term) from the r-averages of the first `repeats` passes, each [N, n] and averaged over repeat
-    permutations (one pass suffices when repeats = R: the full average ignores the order)."""
+    likelihood-ratio term) from the r-averages of the first `repeats` passes, each [N, n], averaged
+    over repeat permutations (one pass suffices when repeats = R: the full average ignores order)."""
     num_r = pool.passes.size
     if not 1 <= repeats <= num_r:
         raise ValueError(f"repeats must be in [1, {num_r}], got {repeats}")
@@ -117,7 +118,7 @@ def tv_estimate(pool: Pool, pair=None, repeats: int | None = None, hygiene: Hygi
     terms = {s: tuple(x[:, -1] for x in v) for s, v in prefix_terms(pool, pair, r, hygiene).items()}
     (z_pi, miss_pi, shared_pi, lr_pi), (z_mu, miss_mu, shared_mu, lr_mu) = terms["pi"], terms["mu"]
     value, stderr = _symmetric(z_pi, z_mu)
-    (arm_pi, se_pi), (arm_mu, se_mu) = _mean_se(z_pi), _mean_se(z_mu)
+    (arm_pi, se_pi), (arm_mu, se_mu) = mean_stderr(z_pi), mean_stderr(z_mu)
     mismatch, shared = (miss_pi.mean() + miss_mu.mean()) / 2, (shared_pi.mean() + shared_mu.mean()) / 2
     low, high = bootstrap_ci(np.random.default_rng(seed), z_pi, z_mu, num_resamples, confidence)
     sizes = (len(z_pi), len(z_mu))
