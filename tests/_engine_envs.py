@@ -1,0 +1,82 @@
+"""Finding the engine venvs for tests, and running code in them.
+
+A test that needs an engine venv FAILS in CI (CI=true) when the venv is missing -- CI must have run
+.ci/engines_setup.sh -- and is skipped with the reason elsewhere.
+Venvs: $TVJAX_TRANSFORMERS_PYTHON / $TVJAX_VLLM_PYTHON, else <repo>/.venv-transformers, .venv-vllm.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_VARS = {"transformers": "TVJAX_TRANSFORMERS_PYTHON", "vllm": "TVJAX_VLLM_PYTHON"}
+
+
+def engine_python(engine: str) -> str:
+    """The Python of an engine venv; fail in CI, skip elsewhere, when it is missing."""
+    path = Path(os.environ.get(ENV_VARS[engine]) or ROOT / f".venv-{engine}" / "bin" / "python")
+    if not path.is_file():
+        reason = f"engine venv {engine!r} missing at {path}: run `bash .ci/engines_setup.sh {engine}`"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(path)
+
+
+def engine_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_in(python: str, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python args...` from the repo root with tvjax importable; raise with its output on failure."""
+    proc = subprocess.run([python, *args], cwd=ROOT, env=engine_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def main_python() -> str:
+    return sys.executable
+
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Tell me a story about a robot learning to paint."}]
+
+
+def build_tiny_model(folder: Path) -> Path:
+    """The tiny random Llama of tvjax.engines.tiny_model, built by the transformers venv."""
+    if not (folder / "config.json").is_file():
+        run_in(engine_python("transformers"), ["-m", "tvjax.engines.tiny_model", str(folder)], timeout=300)
+    return folder
+
+
+def run_job(python: str, pool: Path, engine: dict, tasks: list[tuple[str, str]], scoring: str = "replay",
+            timeout: float = 900) -> list[dict]:
+    """Run one worker job; return its JSON progress events."""
+    import json
+
+    job = {"engine": engine, "pool": str(pool), "messages": MESSAGES, "scoring": scoring,
+           "tasks": [{"op": op, "side": side} for op, side in tasks]}
+    path = pool.parent / f"job-{engine['name']}-{len(list(pool.parent.glob('job-*')))}.json"
+    path.write_text(json.dumps(job))
+    proc = run_in(python, ["-m", "tvjax.engines.worker", str(path)], timeout=timeout)
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def check_own_side(pool, side: str, scorer: str, tol: float) -> float:
+    """Replay forcing is exact on a side's own sampler: no zero mass, and every pass agrees with the
+    log-probabilities the engine reported at sampling time within `tol`. Returns the max deviation."""
+    import numpy as np
+
+    lp = pool.logprobs[side][scorer]
+    assert np.isfinite(lp).all(), f"{scorer} assigns zero mass to {int((~np.isfinite(lp)).sum())} of its own tokens"
+    deviation = float(np.abs(lp - pool.sample_logprobs[side][:, :, None]).max())
+    assert deviation <= tol, f"{scorer} replay vs sampling-time log-probs differ by {deviation} > {tol}"
+    return deviation

@@ -1,0 +1,76 @@
+"""The engine_campaign Hydra app: every engine experiment composes, and a campaign killed mid-way
+resumes without redoing committed shards and ends with the same pool as an uninterrupted one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from _engine_envs import ROOT, build_tiny_model, engine_python
+from tvjax import pools
+
+EXPERIMENTS = ["engine_campaign", "engine_fp32_vs_bf16", "engine_topk20_vs_topk30"]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_engine_experiments_compose(experiment):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="engine_campaign", overrides=[f"experiment={experiment}"])
+    assert cfg.pi.name != cfg.mu.name and (cfg.pi.seed, cfg.mu.seed) == (0, 1)
+    assert cfg.pi.kind in ("transformers", "vllm") and cfg.campaign.scoring == "replay"
+
+
+def test_every_engine_config_composes():
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        for kind in ("transformers", "vllm", "sglang", "openai"):
+            cfg = compose(config_name="engine_campaign", overrides=[f"engine@mu={kind}", "mu.name=other"])
+            assert cfg.mu.kind == kind and cfg.mu.python.endswith("python")
+
+
+def campaign_cmd(model, pool, run_dir, report: bool) -> list[str]:
+    t = engine_python("transformers")
+    return [sys.executable, "experiments/engine_campaign.py", "experiment=engine_fp32_vs_bf16",
+            f"campaign.model={model}", "campaign.num_per_side=8", "campaign.n=8", "campaign.repeats=4",
+            "pi.top_k=8", "mu.top_k=8", "mu.dtype=float32", "mu.attn_implementation=eager", "mu.name=hf_eager",
+            f"pi.python={t}", f"mu.python={t}", f"campaign.convert_python={t}", f"campaign.pool={pool}",
+            f"campaign.report={str(report).lower()}", f"hydra.run.dir={run_dir}"]
+
+
+def committed(pool) -> int:
+    folder = pool / "commits"
+    return len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+
+
+def test_killed_campaign_resumes_to_the_same_pool(tmp_path):
+    model = build_tiny_model(tmp_path / "model")
+    full, killed = tmp_path / "full" / "pool", tmp_path / "killed" / "pool"
+    subprocess.run(campaign_cmd(model, full, tmp_path / "full", report=True), cwd=ROOT, check=True, timeout=900)
+    assert (tmp_path / "full" / "report" / "summary.md").is_file()
+
+    proc = subprocess.Popen(campaign_cmd(model, killed, tmp_path / "killed", report=False), cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while committed(killed) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {f.name: f.read_text() for f in (killed / "commits").glob("*.json")}
+    assert 3 <= len(before) < 2 + 4 * 4, f"the kill came at {len(before)} committed shards"
+
+    subprocess.run(campaign_cmd(model, killed, tmp_path / "killed", report=False), cwd=ROOT, check=True,
+                   timeout=900)
+    a, b = pools.load_pool(full), pools.load_pool(killed)
+    for side in pools.SIDES:
+        assert np.array_equal(a.tokens[side], b.tokens[side])
+        assert np.array_equal(a.sample_logprobs[side], b.sample_logprobs[side])
+        for scorer in a.spec.scorers:
+            assert np.array_equal(a.logprobs[side][scorer], b.logprobs[side][scorer])
+            assert np.array_equal(a.topk_ids[side][scorer], b.topk_ids[side][scorer])
+    after = {f.name: f.read_text() for f in (killed / "commits").glob("*.json")}
+    assert len(after) == 2 + 4 * 4
+    assert all(after[name] == marker for name, marker in before.items())  # committed shards were not redone

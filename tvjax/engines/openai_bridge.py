@@ -1,0 +1,196 @@
+"""Bridge to any OpenAI-compatible HTTP server: "is my provider serving what it claims?".
+
+Engine config keys (configs/engine/openai.yaml): base_url, served_model, api_key_env, model (local
+tokenizer source for the chat template and the EOS ids), top_k, top_logprobs, max_requests,
+requests_per_second, max_retries, timeout_s, max_concurrency, seed.
+
+What this access model measures (see docs/ENGINES.md for the full account):
+* trajectories: /v1/completions with the chat-templated prompt as token ids, temperature 1, top_k
+  (a non-standard field that vLLM and SGLang accept), EOS pushed out with logit_bias -100 (and
+  ignore_eos for servers that know it), a per-request seed, and top log-probabilities of every
+  sampled token (the sampling-time readout);
+* replay draws: one request per prefix (token-id prompt = chat prompt + x_<t, max_tokens=1, top
+  log-probabilities): the next-token top-K list at every prefix, renormalized over its top-k
+  without EOS. This goes through the server's prefill path, not its decode path, and a server
+  cannot be made to force tokens, so it is a per-prefix oracle, not the replay oracle of B.5;
+* sequence scoring: one echo request per trajectory (prompt log-probabilities).
+It needs token ids in the response (`return_tokens_as_token_ids`, a vLLM/SGLang extension): a
+server that only returns token strings is refused rather than re-tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from tvjax.engines import replay
+from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class BudgetExceeded(EngineError):
+    """A pass would need more requests than the session's remaining budget."""
+
+
+class Client:
+    """JSON POST/GET with retries (exponential backoff on connection errors and 408/409/429/5xx),
+    a requests-per-second limit shared by all threads, and a request budget."""
+
+    def __init__(self, base_url: str, api_key: str | None, requests_per_second: float, max_retries: int,
+                 timeout_s: float, max_requests: int):
+        self.base_url, self.api_key = base_url.rstrip("/"), api_key
+        self.interval = 1.0 / float(requests_per_second)
+        self.max_retries, self.timeout_s, self.max_requests = int(max_retries), float(timeout_s), int(max_requests)
+        self.used = 0
+        self._lock = threading.Lock()
+        self._next_start = time.monotonic()
+
+    def reserve(self, count: int) -> None:
+        """Refuse up front a batch of `count` requests that would exceed the budget."""
+        with self._lock:
+            if self.used + count > self.max_requests:
+                raise BudgetExceeded(f"{count} more requests would exceed the budget of {self.max_requests} "
+                                     f"({self.used} used); raise max_requests or shrink the campaign")
+            self.used += count
+
+    def _wait_turn(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_start)
+            self._next_start = start + self.interval
+        time.sleep(max(0.0, start - now))
+
+    def request(self, path: str, payload: dict | None = None) -> dict:
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        for attempt in range(self.max_retries + 1):
+            self._wait_turn()
+            req = urllib.request.Request(self.base_url + path, data=data, headers=headers,
+                                         method="GET" if data is None else "POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as e:
+                body = e.read().decode(errors="replace")[:1000]
+                if e.code not in RETRY_STATUS or attempt == self.max_retries:
+                    raise EngineError(f"{path}: HTTP {e.code}: {body}") from e
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                if attempt == self.max_retries:
+                    raise EngineError(f"{path}: {e} after {attempt + 1} attempts") from e
+            time.sleep(min(30.0, 0.5 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+
+def token_id(key: str) -> int:
+    """'token_id:123' -> 123; anything else means the server did not return token ids."""
+    if not key.startswith("token_id:"):
+        raise EngineError(f"the server returned token {key!r}, not a token id: it must support "
+                          "return_tokens_as_token_ids (vLLM, SGLang) for token-exact measurements")
+    return int(key[len("token_id:"):])
+
+
+def readouts_of(logprobs: dict) -> tuple[list[int], list[float], list[dict[int, float]]]:
+    """(token ids, their log-probs, per-position top-K readouts) of a completions `logprobs` object."""
+    ids = [token_id(t) for t in logprobs["tokens"]]
+    tops = [{} if top is None else {token_id(t): float(lp) for t, lp in top.items()} for top in logprobs["top_logprobs"]]
+    own = [float("-inf") if lp is None else float(lp) for lp in logprobs["token_logprobs"]]
+    for top, i, lp in zip(tops, ids, own):
+        top.setdefault(i, lp)
+    return ids, own, tops
+
+
+class OpenAIBridge:
+    def __init__(self, config: dict, width: int):
+        from transformers import AutoTokenizer
+
+        from tvjax.engines.hf import eos_ids
+        from tvjax.engines.models import resolve
+
+        self.config, self.width, self.k = config, width, config.get("top_k")
+        if self.k is None:
+            raise ValueError("the OpenAI bridge needs a finite top_k (its readouts are top-K lists)")
+        folder, gguf = resolve(config["model"])
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(folder) if gguf is None else GenerationConfig()
+        except OSError:
+            gen = GenerationConfig()
+        self.banned = eos_ids(self.tokenizer, gen)
+        self.num_top = int(config.get("top_logprobs") or (self.k + len(self.banned)))
+        api_key = os.environ.get(config.get("api_key_env") or "", None)
+        self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
+                             config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
+        self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
+        self.pool = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        return [int(i) for i in ids]
+
+    def _body(self, prompt: list[int], max_tokens: int, seed: int, **extra) -> dict:
+        return {"model": self.served, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0,
+                "top_p": 1.0, "top_k": self.k, "seed": seed, "logprobs": self.num_top,
+                "logit_bias": {str(b): -100 for b in self.banned}, "ignore_eos": True,
+                "return_tokens_as_token_ids": True, **extra}
+
+    def _complete(self, bodies: list[dict]) -> list[dict]:
+        self.client.reserve(len(bodies))
+        return list(self.pool.map(lambda b: self.client.request("/completions", b)["choices"][0], bodies))
+
+    def sample(self, prompt_ids, num, n, seed) -> Sampled:
+        choices = self._complete([self._body(prompt_ids, n, derive_seed(seed, i)) for i in range(num)])
+        tokens, logprobs = [], []
+        for choice in choices:
+            ids, _own, tops = readouts_of(choice["logprobs"])
+            if len(ids) != n:
+                raise EngineError(f"the server returned {len(ids)} tokens, expected {n} (EOS not suppressed?)")
+            tokens.append(ids)
+            logprobs.append(replay.record_from_readouts(tops, ids, self.k, self.banned, self.width).realized)
+        return Sampled(np.array(tokens, dtype=np.int32), torch.stack(logprobs).numpy().astype(np.float32))
+
+    def replay(self, prompt_ids, tokens, seed) -> Scored:
+        """Per-prefix readouts: N * n requests with max_tokens=1 (see module doc)."""
+        tokens = np.asarray(tokens)
+        N, n = tokens.shape
+        bodies = [self._body(list(prompt_ids) + tokens[i, :t].tolist(), 1, derive_seed(seed, i, t))
+                  for i in range(N) for t in range(n)]
+        choices = self._complete(bodies)
+        records = []
+        for i in range(N):
+            tops = [readouts_of(c["logprobs"])[2][0] for c in choices[i * n:(i + 1) * n]]
+            records.append(replay.record_from_readouts(tops, tokens[i], self.k, self.banned, self.width))
+        return replay.to_scored(replay.stack(records, 0))
+
+    def sequence_score(self, prompt_ids, tokens) -> Scored:
+        """Second, non-default scorer: one echo request per trajectory (prompt log-probabilities)."""
+        tokens = np.asarray(tokens)
+        p = len(prompt_ids)
+        bodies = [self._body(list(prompt_ids) + row.tolist(), 1, 0, echo=True) for row in tokens]
+        records = []
+        for choice, row in zip(self._complete(bodies), tokens):
+            ids, _own, tops = readouts_of(choice["logprobs"])
+            if ids[p:p + len(row)] != row.tolist():
+                raise EngineError("the echoed prompt is not the trajectory: the server re-tokenized it")
+            records.append(replay.record_from_readouts(tops[p:p + len(row)], row, self.k, self.banned, self.width))
+        return replay.to_scored(replay.stack(records, 0))
+
+    def describe(self) -> dict:
+        return {"engine": "openai-compatible", "base_url": self.config["base_url"], "served_model": self.served,
+                "eos_ids": self.banned, "top_logprobs": self.num_top}
+
+    def close(self) -> None:
+        self.pool.shutdown()
