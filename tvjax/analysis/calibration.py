@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import Hygiene, permutation_streams, shuffle_repeats
+from tvjax.analysis.currency import Hygiene, permutation_streams
 from tvjax.pools import SIDES, Pool
 
 PERCENTILES = (50.0, 90.0, 99.0, 100.0)
@@ -56,94 +56,124 @@ def _row_blocks(num_rows: int, per_row: int):
     return [slice(a, min(a + step, num_rows)) for a in range(0, num_rows, step)]
 
 
-def _half_means(probs: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
-    return probs[:, :, :half].mean(axis=2), probs[:, :, half:2 * half].mean(axis=2)
+def pass_ranks(rng: np.random.Generator | None, num_cells: int, num_passes: int) -> np.ndarray:
+    """Position of every pass after an independent uniform permutation per cell ([C, R]); serving
+    order (rank = pass index) when rng is None."""
+    if rng is None:
+        return np.broadcast_to(np.arange(num_passes), (num_cells, num_passes))
+    return np.argsort(rng.random((num_cells, num_passes), dtype=np.float32), axis=1)
 
 
-def realized_chi2(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+class IdSegments(NamedTuple):
+    """The positive-mass top-k entries of a block of cells, grouped by (cell, token id).
+
+    entry_cell / entry_pass / weight [E]: cell, pass and probability of each entry, in group
+    order; starts [S]: first entry of each group; segment_cell [S]: its cell. Built once (one sort);
+    every permutation then only regroups passes, never re-sorts ids."""
+
+    entry_cell: np.ndarray
+    entry_pass: np.ndarray
+    weight: np.ndarray
+    starts: np.ndarray
+    segment_cell: np.ndarray
+    num_cells: int
+    num_passes: int
+
+
+def id_segments(ids: np.ndarray, logprobs: np.ndarray) -> IdSegments:
+    """Group the entries of ids / logprobs [..., R, k] (cells = leading axes) by (cell, id)."""
+    num_passes, k = ids.shape[-2:]
+    ids = ids.reshape(-1, num_passes * k).astype(np.int64)
+    cells = ids.shape[0]
+    cell, slot = np.nonzero(np.isfinite(logprobs.reshape(cells, num_passes * k)))
+    cell, slot = cell.astype(np.int32), slot.astype(np.int32)
+    key = cell.astype(np.int64) * (int(ids.max(initial=0)) + 1) + ids[cell, slot]
+    order = np.argsort(key, kind="stable")
+    cell, slot, key = cell[order], slot[order], key[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+    weight = np.exp(logprobs.reshape(cells, -1)[cell, slot].astype(np.float64))
+    return IdSegments(cell, slot // k, weight, starts, cell[starts], cells, num_passes)
+
+
+def union_chi2(seg: IdSegments, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union-support half-split chi-square per cell ([C]) and the mask of non-degenerate cells.
+
+    Passes of rank < R/2 form half A, the next R/2 half B; per id, pA / pB are the half means of
+    its probability (0 in passes where it is outside the top-k); sigma2_cell =
+    (R/4) sum_ids (pA - pB)^2 / pbar over ids with pbar > 0; non-degenerate: at least two such ids.
+    """
+    half = seg.num_passes // 2
+    rank = ranks[seg.entry_cell, seg.entry_pass]
+    if seg.starts.size == 0:
+        return np.zeros(seg.num_cells), np.zeros(seg.num_cells, bool)
+    p_a = np.add.reduceat(np.where(rank < half, seg.weight, 0.0), seg.starts) / half
+    p_b = np.add.reduceat(np.where((rank >= half) & (rank < 2 * half), seg.weight, 0.0), seg.starts) / half
+    p_bar = (p_a + p_b) / 2
+    live = p_bar > 0
+    terms = np.where(live, (p_a - p_b) ** 2 / np.where(live, p_bar, 1.0), 0.0)
+    chi2 = (half / 2) * np.bincount(seg.segment_cell, terms, minlength=seg.num_cells)
+    return chi2, np.bincount(seg.segment_cell, live, minlength=seg.num_cells) >= 2
+
+
+def realized_chi2(draws: np.ndarray, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Realized-token half-split chi-square per cell and the mask of usable cells (0 < pbar < 1).
 
-    draws: [N, n, R] log-probabilities in the order to split (first half vs second half).
+    draws: [C, R] log-probabilities; ranks as in `union_chi2`.
     """
     half = draws.shape[-1] // 2
-    p_a, p_b = _half_means(np.exp(draws.astype(np.float64)), half)
+    probs = np.exp(draws.astype(np.float64))
+    p_a = np.where(ranks < half, probs, 0.0).sum(axis=-1) / half
+    p_b = np.where((ranks >= half) & (ranks < 2 * half), probs, 0.0).sum(axis=-1) / half
     p_bar = (p_a + p_b) / 2
     usable = (p_bar > 0) & (p_bar < 1 - 1e-9)
     chi2 = np.where(usable, (half / 2) * (p_a - p_b) ** 2 / np.where(usable, p_bar, 1.0), 0.0)
     return chi2, usable
 
 
-def union_chi2(ids: np.ndarray, logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union-support half-split chi-square per cell and the mask of non-degenerate cells.
-
-    ids / logprobs: [N, n, R, k] top-k readouts in the order to split. Ids are pooled per cell by
-    sorting; each id's half means are segment sums. Returns ([N, n], bool [N, n]).
-    """
-    num, n, num_r, k = ids.shape
-    half = num_r // 2
-    weight = np.exp(logprobs[:, :, :2 * half].astype(np.float64)) / half  # each pass weighs 1/half
-    in_a = np.arange(2 * half) < half
-    flat_ids = ids[:, :, :2 * half].reshape(num * n, 2 * half * k)
-    w_a = np.where(in_a[None, :, None], weight.reshape(num * n, 2 * half, k), 0.0).reshape(num * n, -1)
-    w_b = np.where(~in_a[None, :, None], weight.reshape(num * n, 2 * half, k), 0.0).reshape(num * n, -1)
-    order = np.argsort(flat_ids, axis=1, kind="stable")
-    sid = np.take_along_axis(flat_ids, order, axis=1)
-    cum_a = np.cumsum(np.take_along_axis(w_a, order, axis=1), axis=1)
-    cum_b = np.cumsum(np.take_along_axis(w_b, order, axis=1), axis=1)
-    is_end = np.ones_like(sid, dtype=bool)
-    is_end[:, :-1] = sid[:, 1:] != sid[:, :-1]
-    # cumulative sums are nondecreasing, so a running max of the values at segment ends gives the
-    # cumulative sum just before each segment
-    prev_a = np.maximum.accumulate(np.where(is_end, cum_a, 0.0), axis=1)
-    prev_b = np.maximum.accumulate(np.where(is_end, cum_b, 0.0), axis=1)
-    seg_a = cum_a - np.concatenate([np.zeros((num * n, 1)), prev_a[:, :-1]], axis=1)
-    seg_b = cum_b - np.concatenate([np.zeros((num * n, 1)), prev_b[:, :-1]], axis=1)
-    p_bar = (seg_a + seg_b) / 2
-    live = is_end & (p_bar > 0)
-    terms = np.where(live, (seg_a - seg_b) ** 2 / np.where(live, p_bar, 1.0), 0.0)
-    chi2 = (half / 2) * terms.sum(axis=1)
-    nondegenerate = live.sum(axis=1) >= 2
-    return chi2.reshape(num, n), nondegenerate.reshape(num, n)
-
-
-def _aggregate(per_perm: list[np.ndarray], mask: np.ndarray):
-    """Mean over permutations per cell, then (mean, stderr, percentiles, median) over masked cells."""
-    cells = np.mean(per_perm, axis=0)[mask]
+def _aggregate(cells: np.ndarray, mask: np.ndarray):
+    """(mean, stderr, percentiles, median) of the per-cell values over the masked cells."""
+    cells = cells[mask]
     if cells.size < 2:
         raise ValueError(f"sigma calibration needs at least 2 cells with a non-degenerate distribution, got {cells.size}")
     mean = float(cells.mean())
     return mean, float(cells.std(ddof=1) / np.sqrt(cells.size)), np.percentile(cells, PERCENTILES), float(np.median(cells))
 
 
+def _blocks(pool: Pool, scorer: str, with_topk: bool):
+    """(realized draws [C, R], IdSegments or None) per row block of both sides, built lazily so
+    only one block's entries are in memory at a time."""
+    for side in SIDES:
+        draws = pool.logprobs[side][scorer]
+        for rows in _row_blocks(draws.shape[0], draws[0].size * (pool.spec.top_k or 1)):
+            seg = id_segments(pool.topk_ids[side][scorer][rows], pool.topk_logprobs[side][scorer][rows]) \
+                if with_topk else None
+            yield draws[rows].reshape(-1, draws.shape[-1]), seg
+
+
+def _permutation_mean(values: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell mean over permutations of (value, usable) pairs; usable in every permutation."""
+    return np.mean([v for v, _ in values], axis=0), np.logical_and.reduce([m for _, m in values])
+
+
 def calibrate_sigma(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> SigmaCalibration:
-    """Sigma of `scorer` from the half-split of its repeats on the trajectories of both sides."""
+    """Sigma of `scorer` from the half-split of its repeats on the trajectories of both sides,
+    averaged per cell over repeat permutations, then over cells."""
     num_r = pool.passes.size
     if num_r < 2:
         raise ValueError("sigma calibration needs at least 2 stored repeats")
     with_topk = pool.topk_ids is not None
+    streams = list(permutation_streams(hygiene))
     realized, union = [], []
-    real_mask = union_mask = None
-    for rng in permutation_streams(hygiene):
-        r_cells, u_cells, r_masks, u_masks = [], [], [], []
-        for side in SIDES:
-            draws = pool.logprobs[side][scorer]
-            for rows in _row_blocks(draws.shape[0], draws[0].size * (pool.spec.top_k or 1)):
-                arrays = [draws[rows]] + ([pool.topk_ids[side][scorer][rows],
-                                          pool.topk_logprobs[side][scorer][rows]] if with_topk else [])
-                arrays = shuffle_repeats(rng, *arrays)
-                chi2, usable = realized_chi2(arrays[0])
-                r_cells.append(chi2.ravel()), r_masks.append(usable.ravel())
-                if with_topk:
-                    chi2, live = union_chi2(arrays[1], arrays[2])
-                    u_cells.append(chi2.ravel()), u_masks.append(live.ravel())
-        realized.append(np.concatenate(r_cells))
-        real_mask = np.concatenate(r_masks)
+    for draws, seg in _blocks(pool, scorer, with_topk):
+        ranks = [pass_ranks(rng, draws.shape[0], num_r) for rng in streams]
+        realized.append(_permutation_mean([realized_chi2(draws, rk) for rk in ranks]))
         if with_topk:
-            union.append(np.concatenate(u_cells))
-            union_mask = np.concatenate(u_masks)
-    r_mean, r_se, r_pct, _ = _aggregate(realized, real_mask)
+            union.append(_permutation_mean([union_chi2(seg, rk) for rk in ranks]))
+    real_cells, real_mask = (np.concatenate(x) for x in zip(*realized))
+    r_mean, r_se, r_pct, _ = _aggregate(real_cells, real_mask)
     if with_topk:
-        u_mean, u_se, u_pct, u_med = _aggregate(union, union_mask)
+        union_cells, union_mask = (np.concatenate(x) for x in zip(*union))
+        u_mean, u_se, u_pct, u_med = _aggregate(union_cells, union_mask)
         u_sigma, frac = float(np.sqrt(u_mean)), float(union_mask.mean())
     else:
         u_mean = u_se = u_pct = u_med = u_sigma = None
@@ -152,40 +182,29 @@ def calibrate_sigma(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> Si
                             u_med, int(real_mask.size), frac, 2 * (num_r // 2))
 
 
-def union_sizes(ids: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
-    """Union size of the top-k sets (positive-mass ids) over the first r passes, r = 1..R: [N, n, R].
+def union_sizes(seg: IdSegments, ranks: np.ndarray) -> np.ndarray:
+    """Union size of the top-k sets (positive-mass ids) over the first r passes, r = 1..R: [C, R].
 
-    A cell's distinct ids are counted at the pass where each first appears: sort (id, pass) keys,
-    keep each id's first occurrence, histogram those passes, cumulate.
+    Each distinct id of a cell counts from the earliest rank at which it appears: a segment minimum
+    of the ranks, histogrammed per cell and cumulated.
     """
-    num, n, num_r, k = ids.shape
-    cells = num * n
-    passes = np.broadcast_to(np.arange(num_r)[:, None], (num_r, k))
-    valid = np.isfinite(logprobs).reshape(cells, num_r * k)
-    keys = ids.reshape(cells, num_r * k).astype(np.int64) * num_r + passes.reshape(1, -1)
-    sentinel = np.iinfo(np.int64).max
-    keys = np.sort(np.where(valid, keys, sentinel), axis=1)
-    first = np.ones_like(keys, dtype=bool)
-    first[:, 1:] = (keys[:, 1:] // num_r) != (keys[:, :-1] // num_r)
-    first &= keys != sentinel
-    cell_idx = np.broadcast_to(np.arange(cells)[:, None], keys.shape)
-    counts = np.bincount((cell_idx * num_r + keys % num_r)[first], minlength=cells * num_r)
-    return np.cumsum(counts.reshape(cells, num_r), axis=1).reshape(num, n, num_r)
+    counts = np.zeros(seg.num_cells * seg.num_passes, np.int64)
+    if seg.starts.size:
+        first = np.minimum.reduceat(ranks[seg.entry_cell, seg.entry_pass], seg.starts)
+        counts = np.bincount(seg.segment_cell * seg.num_passes + first, minlength=counts.size)
+    return np.cumsum(counts.reshape(seg.num_cells, seg.num_passes), axis=1)
 
 
 def support_union(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> SupportUnion:
     """Union of top-k sets against r = 1..R over all cells of both sides (B.4)."""
     if pool.topk_ids is None:
         raise ValueError("the support-union measurement needs a pool with a top-k readout (spec.top_k)")
-    means, p99s, maxes = [], [], []
-    for rng in permutation_streams(hygiene):
-        sizes = []
-        for side in SIDES:
-            ids, lps = pool.topk_ids[side][scorer], pool.topk_logprobs[side][scorer]
-            for rows in _row_blocks(ids.shape[0], ids[0].size):
-                _, i, lp = shuffle_repeats(rng, pool.logprobs[side][scorer][rows], ids[rows], lps[rows])
-                sizes.append(union_sizes(i, lp).reshape(-1, ids.shape[2]))
-        sizes = np.concatenate(sizes)
-        means.append(sizes.mean(0)), p99s.append(np.percentile(sizes, 99, axis=0)), maxes.append(sizes.max(0))
-    return SupportUnion(scorer, np.arange(1, pool.passes.size + 1), np.mean(means, 0), np.mean(p99s, 0),
-                        np.max(maxes, 0), int(pool.spec.top_k))
+    streams = list(permutation_streams(hygiene))
+    sizes = [[] for _ in streams]  # per permutation, per block: int32 [C, R]
+    for _, seg in _blocks(pool, scorer, True):
+        for acc, rng in zip(sizes, streams):
+            acc.append(union_sizes(seg, pass_ranks(rng, seg.num_cells, seg.num_passes)).astype(np.int32))
+    sizes = [np.concatenate(s) for s in sizes]
+    return SupportUnion(scorer, np.arange(1, pool.passes.size + 1), np.mean([s.mean(0) for s in sizes], 0),
+                        np.mean([np.percentile(s, 99, axis=0) for s in sizes], 0), np.max([s.max(0) for s in sizes], 0),
+                        int(pool.spec.top_k))
