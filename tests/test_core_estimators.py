@@ -1,0 +1,297 @@
+"""Estimators against ground truth (|estimate - truth| < 4 stderr on fixed seeds), oracles' laws,
+query accounting, jit/vmap on the public functions, and bad input."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tvjax
+from tvjax import estimators as E
+from tvjax.currency import likelihood_ratio_term, log_mean_prob, mixture_z
+from tvjax.instances import exact_tv, paper_block_pair, rare_escape_pair, random_tabular_pair
+from tvjax.oracles import Exact, LogitNoise, Noisy, Sampler
+
+KEY = jax.random.PRNGKey(2026)
+
+FAMILIES = {
+    "block": lambda: paper_block_pair(),
+    # Q puts mass on an outcome P never produces: trajectories outside pi's support.
+    "rare_escape_mismatch": lambda: rare_escape_pair([0.5, 0.3, 0.2, 0.0], [0.2, 0.3, 0.1, 0.4], n=16),
+    # top-k 2 vs 3: the serving-style truncation change, support mismatch at every step.
+    "tabular_top_k": lambda: random_tabular_pair(seed=4, vocab_size=4, n=6, context_len=2, top_k=(2, 3)),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def family(name):
+    pi, mu = FAMILIES[name]()
+    return pi, mu, exact_tv(pi, mu)
+
+
+def assert_near_truth(result, truth, extra=0.0):
+    value, stderr = float(result.value), float(result.stderr)
+    assert stderr > 0
+    assert abs(value - truth) < 4 * stderr + extra, f"{value:.5f} vs truth {truth:.5f} (stderr {stderr:.5f})"
+
+
+# --------------------------------------------------------------------------- currency
+
+
+def test_mixture_z_handles_zero_mass_explicitly():
+    neg = -jnp.inf
+    z = mixture_z(jnp.array([0.0, neg, -1.0, neg, -2.0]), jnp.array([neg, 0.0, neg, neg, -2.0]))
+    np.testing.assert_array_equal(np.asarray(z), [1.0, 1.0, 1.0, 1.0, 0.0])
+    assert float(mixture_z(jnp.log(0.75), jnp.log(0.25))) == pytest.approx(0.5)
+
+
+def test_likelihood_ratio_term_edges():
+    neg = -jnp.inf
+    r = likelihood_ratio_term(jnp.array([-1.0, neg, jnp.log(0.5), jnp.log(0.2)]), jnp.array([neg, -1.0, jnp.log(0.25), jnp.log(0.4)]))
+    np.testing.assert_allclose(np.asarray(r), [1.0, 0.0, 0.5, 0.0], atol=1e-7)
+    assert not np.any(np.isnan(np.asarray(r)))
+
+
+def test_log_mean_prob():
+    draws = jnp.log(jnp.array([[0.2, 0.4, 0.0], [0.0, 0.0, 0.0]]))
+    out = np.asarray(log_mean_prob(draws))
+    assert out[0] == pytest.approx(np.log(0.2), rel=1e-6)
+    assert out[1] == -np.inf
+
+
+# --------------------------------------------------------------------------- exact access
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_likelihood_ratio_and_mixture_hit_truth(name):
+    pi, mu, truth = family(name)
+    assert_near_truth(E.likelihood_ratio(KEY, pi, mu, Exact(), num_samples=6000), truth)
+    assert_near_truth(E.mixture(KEY, pi, mu, num_per_side=3000), truth)
+
+
+def test_query_accounting():
+    pi, mu, _ = family("block")
+    assert float(E.likelihood_ratio(KEY, pi, mu, num_samples=100).queries) == 100 * (128 + 2 * 128)
+    plug = E.plugin(KEY, pi, mu, Noisy(0.1), num_per_side=50, repeats=8)
+    assert float(plug.queries) == 2 * 50 * (128 + 2 * 128 * 8)
+    ml = E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((40, 10), (2, 8)))
+    assert float(ml.queries) == 2 * 40 * (128 + 256 * 2) + 2 * 10 * (128 + 256 * 8)
+    np.testing.assert_array_equal(np.asarray(ml.levels.repeats), [2, 8])
+    np.testing.assert_array_equal(np.asarray(ml.levels.num_samples), [80, 20])
+
+
+# --------------------------------------------------------------------------- noisy access
+
+
+@pytest.mark.parametrize("name", ["rare_escape_mismatch", "tabular_top_k"])
+def test_plugin_hits_truth_at_large_r(name):
+    pi, mu, truth = family(name)
+    assert_near_truth(E.plugin(KEY, pi, mu, Noisy(0.1), num_per_side=3000, repeats=4096), truth)
+
+
+@pytest.mark.parametrize("name", ["block", "rare_escape_mismatch", "tabular_top_k"])
+def test_multilevel_hits_truth(name):
+    pi, mu, truth = family(name)
+    schedule = E.Schedule((3000, 800, 200, 60), (64, 512, 4096, 32768))
+    assert_near_truth(E.multilevel(KEY, pi, mu, Noisy(0.2), schedule), truth)
+
+
+def test_multilevel_increment_variance_decays_at_small_sigma():
+    pi, mu, _ = family("block")
+    result = E.multilevel(KEY, pi, mu, Noisy(0.04), E.Schedule((4096, 4096, 4096, 4096), (1, 8, 32, 256)))
+    var = np.asarray(result.levels.variance)
+    assert var[1] > var[2] > var[3] > 0
+    assert var[1] < 0.1 * var[0]
+
+
+def test_median_of_means_groups():
+    pi, mu, truth = family("rare_escape_mismatch")
+    assert E.groups_for_confidence(0.1) == 19
+    result = E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((800, 200), (256, 4096)), num_groups=5)
+    assert float(result.levels.num_samples[0]) == 5 * 1600
+    assert_near_truth(result, truth)
+
+
+def test_noisy_oracle_draws_are_unbiased_with_relative_variance():
+    pi, _, _ = family("block")
+    tokens = pi.sample(KEY, 512)
+    sigma = 0.3
+    draws = np.asarray(Noisy(sigma).draw_probs(KEY, pi, tokens, 400))
+    p = np.exp(np.asarray(pi.path_logprobs(tokens)))[..., None]
+    noisy = np.broadcast_to((p > 0) & (p < 1), draws.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        standardized = ((draws - p) / (sigma * np.sqrt(p * (1 - p))))[noisy]
+    assert abs(standardized.mean()) < 4 / math.sqrt(standardized.size)
+    assert standardized.var() == pytest.approx(1.0, abs=0.02)
+    # deterministic transitions stay deterministic
+    np.testing.assert_array_equal(draws[~noisy], np.broadcast_to(p, draws.shape)[~noisy])
+
+
+def test_nested_draws_match_explicit_averages():
+    """The directly drawn r-average has the law of averaging r explicit draws."""
+    pi, _ = rare_escape_pair([0.5, 0.5], [0.5, 0.5], n=2, escape_scale=1.0)
+    tokens = jnp.zeros((20000, 2), jnp.int32)  # p = 1 - q = 0.5 at both positions
+    for oracle in (Noisy(0.5), Sampler()):
+        direct = np.asarray(oracle.nested_path_logprobs(KEY, pi, tokens, (4, 16)))
+        draws = np.asarray(oracle.draw_probs(jax.random.PRNGKey(7), pi, tokens, 16))
+        for column, r in enumerate((4, 16)):
+            explicit = np.sum(np.log(np.clip(draws[..., :r].mean(-1), oracle.floor, 1)), -1)
+            # Quantiles, not moments: a clipped zero average (log 1e-12) is a rare, huge outlier.
+            levels = [10, 25, 50, 75, 90]
+            np.testing.assert_allclose(np.percentile(direct[:, column], levels), np.percentile(explicit, levels), atol=0.03)
+
+
+def test_draw_distributions_marginals():
+    pi, _, _ = family("tabular_top_k")
+    tokens = pi.sample(KEY, 256)
+    for oracle in (Noisy(0.2), Sampler(), LogitNoise(0.3), Exact()):
+        dists = np.asarray(oracle.draw_distributions(KEY, pi, tokens, 64))
+        assert dists.shape == (256, 6, 64, 4)
+        np.testing.assert_allclose(dists.sum(-1), 1.0, atol=1e-5)
+        # tokens outside pi's top-k keep zero mass under every oracle
+        support = np.exp(np.asarray(pi.next_token_logprobs(tokens))) > 0
+        assert np.all(dists[~np.broadcast_to(support[:, :, None, :], dists.shape)] == 0)
+
+
+# --------------------------------------------------------------------------- sample-only access
+
+
+@pytest.mark.parametrize("name", ["rare_escape_mismatch", "tabular_top_k"])
+def test_sample_only_converges(name):
+    pi, mu, truth = family(name)
+    coarse = E.plugin(KEY, pi, mu, Sampler(), num_per_side=3000, repeats=4)
+    result = E.sample_only(KEY, pi, mu, E.Schedule((2000, 400, 100), (1024, 16384, 262144)))
+    assert abs(float(result.value) - truth) < abs(float(coarse.value) - truth)
+    assert_near_truth(result, truth)
+
+
+# --------------------------------------------------------------------------- logit noise
+
+
+def test_logit_noise_self_distance_falls_with_r():
+    pi, _, _ = family("tabular_top_k")
+    values = [float(E.plugin(KEY, pi, pi, LogitNoise(0.5), num_per_side=500, repeats=r).value) for r in (1, 16, 256)]
+    assert values[0] > 2 * values[1] > 4 * values[2] > 0
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_kl_baselines_report_infinity_under_support_mismatch():
+    pi, mu, _ = family("tabular_top_k")
+    for baseline in (E.plugin_kl, E.k3_pinsker):
+        result = baseline(KEY, mu, pi, num_samples=2000)  # mu (top-3) samples tokens pi (top-2) never does
+        assert float(result.kl) == np.inf
+        assert float(result.value) == 1.0
+        assert not np.isnan(float(result.stderr))
+
+
+def test_kl_baselines_estimate_kl_without_mismatch():
+    pi, mu = random_tabular_pair(seed=5, vocab_size=3, n=4, context_len=1, logit_noise=0.5)
+    tokens = jnp.asarray(np.array(np.meshgrid(*[np.arange(3)] * 4, indexing="ij")).reshape(4, -1).T)
+    lp, lm = (np.asarray(jnp.sum(p.path_logprobs(tokens), 1), np.float64) for p in (pi, mu))
+    kl = float(np.sum(np.exp(lp) * (lp - lm)))
+    for baseline in (E.plugin_kl, E.k3_pinsker):
+        result = baseline(KEY, pi, mu, num_samples=20000)
+        assert abs(float(result.kl) - kl) < 4 * float(result.kl_stderr)
+        assert float(result.value) == pytest.approx(min(1.0, math.sqrt(float(result.kl) / 2)), rel=1e-5)
+
+
+def test_naive_noisy_plugin_is_biased_where_the_paper_estimators_are_not():
+    pi, mu, truth = family("block")
+    naive = E.naive_noisy_plugin(KEY, pi, mu, Noisy(0.5), num_samples=4000)
+    assert float(naive.value) - truth > 4 * float(naive.stderr)
+
+
+# --------------------------------------------------------------------------- front door
+
+
+def test_estimate_tv_exact_and_noisy():
+    pi, mu, truth = family("block")
+    exact = tvjax.estimate_tv(KEY, pi, mu, access="exact", eps=0.05, delta=0.1)
+    assert float(exact.ci_low) < float(exact.value) < float(exact.ci_high)
+    assert abs(float(exact.value) - truth) < min(0.05, 4 * float(exact.stderr))
+    assert float(exact.queries) == math.ceil(math.log(20) / (2 * 0.05**2)) * 3 * 128
+    noisy = tvjax.estimate_tv(KEY, *FAMILIES["rare_escape_mismatch"](), access="noisy", eps=0.1, delta=0.2, sigma=0.2)
+    assert abs(float(noisy.value) - family("rare_escape_mismatch")[2]) < 0.1
+
+
+def test_estimate_tv_sampler_on_small_instance():
+    pi, mu, truth = family("tabular_top_k")
+    result = tvjax.estimate_tv(KEY, pi, mu, access="sampler", eps=0.1, delta=0.2)
+    assert abs(float(result.value) - truth) < 0.1
+    assert 0.0 <= float(result.ci_low) <= float(result.value) <= float(result.ci_high) <= 1.0
+
+
+def test_paper_schedule_shape():
+    schedule = E.paper_schedule(eps=0.1, sigma=0.5, n=128)
+    top = math.ceil(2 * math.log2(10))
+    assert schedule.repeats == tuple(1 + math.ceil(128 * 0.25 * 2**l) for l in range(top + 1))
+    assert schedule.num_samples[0] == math.ceil((top + 1) / 0.01)
+    assert E.paper_schedule(eps=0.1, sigma=0.0, n=128).repeats == (1,)
+
+
+# --------------------------------------------------------------------------- jit and vmap
+
+
+def test_every_estimator_jits_and_vmaps_over_keys():
+    pi, mu, _ = family("tabular_top_k")
+    keys = jax.random.split(KEY, 3)
+    calls = {
+        "likelihood_ratio": lambda k: E.likelihood_ratio(k, pi, mu, Exact(), num_samples=64),
+        "mixture": lambda k: E.mixture(k, pi, mu, num_per_side=32),
+        "plugin": lambda k: E.plugin(k, pi, mu, Noisy(0.1), num_per_side=32, repeats=4),
+        "multilevel": lambda k: E.multilevel(k, pi, mu, Noisy(0.1), E.Schedule((32, 8), (2, 8)), num_groups=3),
+        "sample_only": lambda k: E.sample_only(k, pi, mu, E.Schedule((32, 8), (4, 16))),
+        "plugin_kl": lambda k: E.plugin_kl(k, pi, mu, num_samples=32),
+        "k3_pinsker": lambda k: E.k3_pinsker(k, pi, mu, num_samples=32),
+        "naive_noisy_plugin": lambda k: E.naive_noisy_plugin(k, pi, mu, Noisy(0.1), num_samples=32),
+        "estimate_tv": lambda k: tvjax.estimate_tv(k, pi, mu, "noisy", eps=0.5, delta=0.5, sigma=0.1),
+        "logit_noise": lambda k: E.plugin(k, pi, mu, LogitNoise(0.1), num_per_side=16, repeats=3),
+    }
+    for name, call in calls.items():
+        batched = jax.jit(jax.vmap(call))(keys)
+        single = call(keys[1])
+        assert batched.value.shape == (3,), name
+        np.testing.assert_allclose(float(batched.value[1]), float(single.value), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_oracle_parameters_are_traceable():
+    pi, mu, _ = family("rare_escape_mismatch")
+    sigmas = jnp.array([0.0, 0.1, 0.4])
+    values = jax.vmap(lambda s: E.plugin(KEY, pi, mu, Noisy(s), num_per_side=64, repeats=2).value)(sigmas)
+    assert values.shape == (3,) and np.all(np.isfinite(np.asarray(values)))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_estimator_inputs_raise():
+    pi, mu, _ = family("block")
+    with pytest.raises(ValueError, match="sigma"):
+        Noisy(-0.1)
+    with pytest.raises(ValueError, match="scale"):
+        LogitNoise(-1.0)
+    with pytest.raises(ValueError, match="r"):
+        E.plugin(KEY, pi, mu, Noisy(0.1), num_per_side=8, repeats=0)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((8, 8), (8, 8)))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((8, 8), (16, 4)))
+    with pytest.raises(ValueError, match="level sizes"):
+        E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((8,), (1, 4)))
+    for eps in (0.0, 1.0, -0.5):
+        with pytest.raises(ValueError, match="eps"):
+            tvjax.estimate_tv(KEY, pi, mu, eps=eps)
+    for delta in (0.0, 1.5):
+        with pytest.raises(ValueError, match="delta"):
+            tvjax.estimate_tv(KEY, pi, mu, delta=delta)
+    with pytest.raises(ValueError, match="sigma"):
+        tvjax.estimate_tv(KEY, pi, mu, access="noisy")
+    with pytest.raises(ValueError, match="unknown access"):
+        tvjax.estimate_tv(KEY, pi, mu, access="telepathy")
+    with pytest.raises(ValueError, match="num_samples"):
+        E.likelihood_ratio(KEY, pi, mu, num_samples=1)
