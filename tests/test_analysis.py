@@ -195,3 +195,37 @@ def test_fewer_repeats_average_over_permutations(block_pool):
     assert served.value != curve.value[0] and abs(served.value - curve.value[0]) < 2 * served.stderr
     with pytest.raises(ValueError, match=r"repeats must be in \[1, 16\], got 17"):
         tv_estimate(pool, repeats=17)
+
+
+def test_synthetic_writer_resumes_identically_after_a_crash(tmp_path, monkeypatch):
+    from tvjax.pools import PoolWriter
+
+    pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.3)
+    args = dict(num_per_side=40, repeats=4, top_k=2, row_chunk=16)
+    original, calls = PoolWriter._commit, {"n": 0}
+
+    def crash_on_fifth(self, *a):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("killed between data write and commit")
+        return original(self, *a)
+
+    monkeypatch.setattr(PoolWriter, "_commit", crash_on_fifth)
+    with pytest.raises(RuntimeError, match="killed"):
+        write_synthetic_pool(jax.random.key(7), tmp_path / "a", pi, mu, Noisy(SIGMA), **args)
+    monkeypatch.setattr(PoolWriter, "_commit", original)
+    resumed = write_synthetic_pool(jax.random.key(7), tmp_path / "a", pi, mu, Noisy(SIGMA), **args)
+    assert len(resumed.done_shards()) == 2 * 3 * 3  # sides x (tokens + 2 scorers) x row chunks
+    write_synthetic_pool(jax.random.key(7), tmp_path / "b", pi, mu, Noisy(SIGMA), **args)
+    a, b = load_pool(tmp_path / "a"), load_pool(tmp_path / "b")
+    for side in ("pi", "mu"):
+        np.testing.assert_array_equal(a.tokens[side], b.tokens[side])
+        for sc in ("pi", "mu"):
+            np.testing.assert_array_equal(a.logprobs[side][sc], b.logprobs[side][sc])
+            np.testing.assert_array_equal(a.topk_logprobs[side][sc], b.topk_logprobs[side][sc])
+
+
+def test_negative_oracle_draws_are_refused(tmp_path):
+    pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.45)
+    with pytest.raises(ValueError, match="negative probabilities; a pool stores log-probabilities"):
+        write_synthetic_pool(jax.random.key(0), tmp_path / "neg", pi, mu, Noisy(1.0), num_per_side=64, repeats=8)

@@ -479,7 +479,7 @@ def _load_array(group, name: str, shape, dtype: str, rows: np.ndarray, passes: n
 
 
 def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | None = None,
-              scorers=None, top_k: bool = True) -> Pool:
+              scorers=None, load_topk: bool = True) -> Pool:
     """Load and validate a pool.
 
     Raises PoolError (never returns NaN-filled arrays) when the format version differs, an array is
@@ -487,7 +487,7 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
     passes), committed data holds NaN, or `expect` (a dict of metadata entries) does not match.
     partial=True loads only committed cells: the larger of (rows complete over all passes) and
     (all token rows x passes complete on them); `Pool.rows` / `Pool.passes` say what was loaded.
-    scorers: subset of scorers to load (default all); top_k=False skips the top-k arrays.
+    scorers: subset of scorers to load (default all); load_topk=False skips the top-k arrays.
     """
     path = Path(path)
     group = _open_group(path, mode="r")
@@ -513,7 +513,7 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
     tokens = {s: get(f"tokens/{s}", s) for s in SIDES}
     slp = {s: get(f"sample_logprobs/{s}", s) for s in SIDES} if spec.sample_logprobs else None
     lps = {s: {sc: get(f"logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES}
-    with_topk = spec.top_k is not None and top_k
+    with_topk = spec.top_k is not None and load_topk
     ids = {s: {sc: get(f"topk_ids/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
     tlp = {s: {sc: get(f"topk_logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
     return Pool(spec._replace(scorers=scorers), meta, tokens, slp, lps, ids, tlp, rows, passes)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> object:
-    pool = load_pool(args.pool, partial=args.partial, top_k=args.command in ("sigma", "support"))
+    pool = load_pool(args.pool, partial=args.partial, load_topk=args.command in ("sigma", "support"))
     hygiene = Hygiene(not args.serving_order, args.permutations, args.seed)
     scorers = [args.scorer] if args.scorer else list(pool.spec.scorers)
     if args.command == "tv":

@@ -123,7 +123,8 @@ def select(rmse, schedules: Schedules, allowed: np.ndarray) -> np.ndarray:
     best = rmse.min(axis=-2, keepdims=True)
     near = rmse <= best * (1 + _TIE)
     rank = np.lexsort((schedules.repeats.max(axis=1), schedules.mask.sum(axis=1)))
-    priority = np.empty(len(rank)); priority[rank] = np.arange(len(rank))
+    priority = np.empty(len(rank))
+    priority[rank] = np.arange(len(rank))
     return np.argmin(np.where(near, priority[:, None], np.inf), axis=-2)
 
 
