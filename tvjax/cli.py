@@ -9,33 +9,42 @@ from tvjax.api import estimate_tv
 from tvjax.instances import exact_tv, paper_block_pair
 
 
-def run(seed=0, eps=0.05, delta=0.1, sigma=0.1):
-    """Rows of (access, estimate, CI, stderr, queries, seconds) for the paper's block instance."""
+ACCESS_ROWS = (("exact", "exact logits"), ("noisy", "noisy logits, sigma={sigma}"), ("sampler", "sample-only"))
+
+
+def header(truth, delta):
+    level = f"{100 * (1 - delta):g}% CI"
+    return "\n".join(
+        [
+            "Paper block instance (n=128, block_bits=12, p_active=0.4, alpha=0.49, seed 10)",
+            f"true TV = {truth:.10g}",
+            "",
+            f"{'access':<26} {'estimate':>9} {level:>17} {'stderr':>8} {'queries':>10} {'|error|':>8} {'time':>7}",
+        ]
+    )
+
+
+def format_row(label, result, truth, seconds):
+    ci = f"[{float(result.ci_low):.4f}, {float(result.ci_high):.4f}]"
+    return (
+        f"{label:<26} {float(result.value):>9.4f} {ci:>17} {float(result.stderr):>8.4f} "
+        f"{float(result.queries):>10.3g} {abs(float(result.value) - truth):>8.4f} {seconds:>6.1f}s"
+    )
+
+
+def run(seed=0, eps=0.05, delta=0.1, sigma=0.1, emit=print):
+    """Print (through `emit`) the table row by row as each access model finishes; return the rows."""
     pi, mu = paper_block_pair()
+    truth = exact_tv(pi, mu)
     key = jax.random.PRNGKey(seed)
+    emit(header(truth, delta))
     rows = []
-    for access, label in (("exact", "exact logits"), ("noisy", f"noisy logits, sigma={sigma}"), ("sampler", "sample-only")):
+    for access, label in ACCESS_ROWS:
         start = time.perf_counter()
         result = jax.block_until_ready(estimate_tv(key, pi, mu, access, eps=eps, delta=delta, sigma=sigma))
-        rows.append((label, result, time.perf_counter() - start))
-    return exact_tv(pi, mu), rows
-
-
-def format_table(truth, rows, delta):
-    level = f"{100 * (1 - delta):g}% CI"
-    lines = [
-        "Paper block instance (n=128, block_bits=12, p_active=0.4, alpha=0.49, seed 10)",
-        f"true TV = {truth:.10g}",
-        "",
-        f"{'access':<26} {'estimate':>9} {level:>17} {'stderr':>8} {'queries':>10} {'|error|':>8} {'time':>7}",
-    ]
-    for label, r, seconds in rows:
-        ci = f"[{float(r.ci_low):.4f}, {float(r.ci_high):.4f}]"
-        lines.append(
-            f"{label:<26} {float(r.value):>9.4f} {ci:>17} {float(r.stderr):>8.4f} "
-            f"{float(r.queries):>10.3g} {abs(float(r.value) - truth):>8.4f} {seconds:>6.1f}s"
-        )
-    return "\n".join(lines)
+        rows.append((access, result))
+        emit(format_row(label.format(sigma=sigma), result, truth, time.perf_counter() - start))
+    return truth, rows
 
 
 def main(argv=None):
@@ -45,8 +54,7 @@ def main(argv=None):
     parser.add_argument("--delta", type=float, default=0.1, help="failure probability")
     parser.add_argument("--sigma", type=float, default=0.1, help="relative noise of the noisy oracle")
     args = parser.parse_args(argv)
-    truth, rows = run(args.seed, args.eps, args.delta, args.sigma)
-    print(format_table(truth, rows, args.delta))
+    run(args.seed, args.eps, args.delta, args.sigma, emit=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run the whole test suite from a fresh clone: create .venv, install tvjax with its test extras,
+# build the engine virtualenvs (each inference engine pins its own torch), then pytest.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k core`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${TVJAX_BASE_PYTHON:-python3}"
+quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+quiet .venv/bin/python -m pip install --quiet --upgrade pip
+quiet .venv/bin/python -m pip install --quiet -e '.[test]'
+bash .ci/engines_setup.sh
+exec .venv/bin/python -m pytest "$@"
