@@ -87,7 +87,9 @@ def readout_width(cfg: DictConfig) -> int:
 
 def converted_model(cfg: DictConfig) -> str:
     """The model folder vLLM/SGLang read: a GGUF model is converted once (cached) by the
-    transformers venv's Python."""
+    transformers venv's Python; a model folder is used as it is."""
+    if (Path(str(cfg.campaign.model)).expanduser() / "config.json").is_file():
+        return str(Path(str(cfg.campaign.model)).expanduser())
     python = Path(cfg.campaign.convert_python)
     python = python if python.is_absolute() else ROOT / python
     out = subprocess.run([str(python), "-m", "tvjax.engines.models", "convert", str(cfg.campaign.model)],

@@ -25,6 +25,18 @@ def test_engine_experiments_compose(experiment):
     assert cfg.pi.kind in ("transformers", "vllm") and cfg.campaign.scoring == "replay"
 
 
+GPU_RECIPE = ["engine@pi=vllm", "engine@mu=sglang", "pi.name=vllm", "mu.name=sglang", "campaign.model=/models/Qwen3-0.6B",
+              "campaign.num_per_side=512", "campaign.n=500", "campaign.repeats=16", "pi.dtype=bfloat16",
+              "mu.dtype=bfloat16", "pi.max_num_seqs=512", "pi.python=.venv-vllm-gpu/bin/python"]
+
+
+def test_the_gpu_recipe_of_docs_engines_composes():
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="engine_campaign", overrides=GPU_RECIPE)
+    assert (cfg.pi.kind, cfg.mu.kind, cfg.pi.top_k, cfg.mu.top_k) == ("vllm", "sglang", 20, 20)
+    assert cfg.mu.model == "/models/Qwen3-0.6B" and cfg.mu.python == ".venv-sglang/bin/python"
+
+
 def test_every_engine_config_composes():
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         for kind in ("transformers", "vllm", "sglang", "openai"):
