@@ -109,7 +109,7 @@ def run_worker(python: str, job: dict, job_path: Path, log_path: Path, bar: tqdm
     """Run one engine session; advance `bar` per committed/skipped shard; raise with the log's tail."""
     job_path.write_text(json.dumps(job, indent=1))
     tail = deque(maxlen=40)
-    with open(log_path, "a") as log:
+    with open(log_path, "a", buffering=1) as log:
         proc = subprocess.Popen([python, "-m", "tvjax.engines.worker", str(job_path)], cwd=ROOT, env=worker_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in proc.stdout:

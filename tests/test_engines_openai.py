@@ -64,14 +64,20 @@ def server(tmp_path_factory):
         log.close()
 
 
-def test_openai_bridge_against_a_local_vllm_server(server, tmp_path):
+def api_engine(server, tmp_path, max_requests: int) -> tuple:
+    """A small pool (3 trajectories of 6 tokens) and the engine config of the local server."""
     url, model = server
     pool_path = tmp_path / "pool"
     pools.create_pool(pool_path, n=6, num_per_side=3, repeats=1, scorers=("api", "other"), top_k=8,
                       sample_logprobs=True)
     engine = {"kind": "openai", "name": "api", "model": str(model), "base_url": url, "served_model": "tiny",
-              "top_k": 8, "seed": 0, "max_requests": 40, "requests_per_second": 50, "max_retries": 2,
+              "top_k": 8, "seed": 0, "max_requests": max_requests, "requests_per_second": 50, "max_retries": 2,
               "timeout_s": 60, "max_concurrency": 4}
+    return pool_path, engine
+
+
+def test_openai_bridge_against_a_local_vllm_server(server, tmp_path):
+    pool_path, engine = api_engine(server, tmp_path, max_requests=40)
     run_job(engine_python("vllm"), pool_path, engine, [("sample", "pi"), ("score", "pi")])
     group = __import__("zarr").open_group(str(pool_path), mode="r")
     tokens, lp = np.asarray(group["tokens/pi"][:]), np.asarray(group["logprobs/pi/api"][:, :, 0])
@@ -81,12 +87,7 @@ def test_openai_bridge_against_a_local_vllm_server(server, tmp_path):
 
 
 def test_openai_bridge_refuses_a_pass_beyond_its_budget(server, tmp_path):
-    url, model = server
-    pool_path = tmp_path / "pool"
-    pools.create_pool(pool_path, n=6, num_per_side=3, repeats=1, scorers=("api", "other"), top_k=8,
-                      sample_logprobs=True)
-    engine = {"kind": "openai", "name": "api", "model": str(model), "base_url": url, "served_model": "tiny",
-              "top_k": 8, "seed": 0, "max_requests": 10}
+    pool_path, engine = api_engine(server, tmp_path, max_requests=10)
     with pytest.raises(AssertionError, match="BudgetExceeded"):
         run_job(engine_python("vllm"), pool_path, engine, [("sample", "pi"), ("score", "pi")])
     assert pools.coverage(pool_path)["tokens/pi"].all()  # the sampled shard was kept

@@ -23,7 +23,7 @@ import torch
 
 from tvjax.engines import replay
 from tvjax.engines.models import resolve
-from tvjax.engines.protocol import EngineError, Sampled, Scored
+from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids
 
 SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION"}
@@ -71,9 +71,7 @@ class TransformersBridge:
         self.banned = eos_ids(self.tokenizer, self.model.generation_config)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return [int(i) for i in ids]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def _attention(self):
         backend = self.config.get("sdpa_backend")

@@ -30,9 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer, GenerationConfig
 
 from tvjax.engines import replay
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.hf import eos_ids
+from tvjax.engines.models import resolve
+from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -112,23 +115,14 @@ def readouts_of(logprobs: dict) -> tuple[list[int], list[float], list[dict[int, 
 
 class OpenAIBridge:
     def __init__(self, config: dict, width: int):
-        from transformers import AutoTokenizer
-
-        from tvjax.engines.hf import eos_ids
-        from tvjax.engines.models import resolve
-
         self.config, self.width, self.k = config, width, config.get("top_k")
         if self.k is None:
             raise ValueError("the OpenAI bridge needs a finite top_k (its readouts are top-K lists)")
         folder, gguf = resolve(config["model"])
         self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        from transformers import GenerationConfig
-
-        try:
-            gen = GenerationConfig.from_pretrained(folder) if gguf is None else GenerationConfig()
-        except OSError:
-            gen = GenerationConfig()
-        self.banned = eos_ids(self.tokenizer, gen)
+        has_generation_config = gguf is None and (folder / "generation_config.json").is_file()
+        self.banned = eos_ids(self.tokenizer, GenerationConfig.from_pretrained(folder) if has_generation_config
+                              else GenerationConfig())
         self.num_top = int(config.get("top_logprobs") or (self.k + len(self.banned)))
         api_key = os.environ.get(config.get("api_key_env") or "", None)
         self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
@@ -137,9 +131,7 @@ class OpenAIBridge:
         self.pool = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return [int(i) for i in ids]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def _body(self, prompt: list[int], max_tokens: int, seed: int, **extra) -> dict:
         return {"model": self.served, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0,

@@ -65,6 +65,12 @@ class EngineError(RuntimeError):
     """An engine did something the measurement cannot accept (forcing failed, short output, ...)."""
 
 
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat-templated prompt (with the assistant's generation prompt) as token ids."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return [int(i) for i in ids]
+
+
 def derive_seed(*parts: int) -> int:
     """A 31-bit seed derived from integers: independent streams for (base seed, side, pass, row)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tvjax.engines import replay
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed
 
 
 def process_batch(logits: torch.Tensor, params: list[dict | None], steps: list[int]
@@ -108,9 +108,7 @@ class SGLangBridge:
         self.processor = processor_class().to_str()
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return [int(i) for i in ids]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def _run(self, prompt_ids, rows: list[dict], n: int, seed: int) -> tuple[list[list[int]], list[replay.StepRecord]]:
         folder = Path(tempfile.mkdtemp(prefix="tvjax-sglang-"))

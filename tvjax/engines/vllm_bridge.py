@@ -33,7 +33,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor  # noqa
 
 from tvjax.engines import replay  # noqa: E402
 from tvjax.engines.models import converted_dir  # noqa: E402
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed  # noqa: E402
+from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed  # noqa: E402
 
 # request key -> per-step records, filled by ReplayLogitsProcessor inside this process
 RECORDS: dict[str, list[replay.StepRecord]] = {}
@@ -136,9 +136,7 @@ class VLLMBridge:
         return sorted(int(i) for i in ids)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
-        return [int(i) for i in ids]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def _params(self, n: int, seed: int, row: int, opts: dict, logprobs: int | None):
         from vllm import SamplingParams
