@@ -201,7 +201,7 @@ def test_synthetic_writer_resumes_identically_after_a_crash(tmp_path, monkeypatc
     from tvjax.pools import PoolWriter
 
     pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.3)
-    args = dict(num_per_side=40, repeats=4, top_k=2, row_chunk=16)
+    args = dict(num_per_side=32, repeats=4, top_k=2, row_chunk=16)
     original, calls = PoolWriter._commit, {"n": 0}
 
     def crash_on_fifth(self, *a):
@@ -215,7 +215,7 @@ def test_synthetic_writer_resumes_identically_after_a_crash(tmp_path, monkeypatc
         write_synthetic_pool(jax.random.key(7), tmp_path / "a", pi, mu, Noisy(SIGMA), **args)
     monkeypatch.setattr(PoolWriter, "_commit", original)
     resumed = write_synthetic_pool(jax.random.key(7), tmp_path / "a", pi, mu, Noisy(SIGMA), **args)
-    assert len(resumed.done_shards()) == 2 * 3 * 3  # sides x (tokens + 2 scorers) x row chunks
+    assert len(resumed.done_shards()) == 2 * 3 * 2  # sides x (tokens + 2 scorers) x row chunks
     write_synthetic_pool(jax.random.key(7), tmp_path / "b", pi, mu, Noisy(SIGMA), **args)
     a, b = load_pool(tmp_path / "a"), load_pool(tmp_path / "b")
     for side in ("pi", "mu"):
@@ -228,4 +228,4 @@ def test_synthetic_writer_resumes_identically_after_a_crash(tmp_path, monkeypatc
 def test_negative_oracle_draws_are_refused(tmp_path):
     pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.45)
     with pytest.raises(ValueError, match="negative probabilities; a pool stores log-probabilities"):
-        write_synthetic_pool(jax.random.key(0), tmp_path / "neg", pi, mu, Noisy(1.0), num_per_side=64, repeats=8)
+        write_synthetic_pool(jax.random.key(0), tmp_path / "neg", pi, mu, Noisy(1.0), num_per_side=32, repeats=4)
