@@ -229,3 +229,14 @@ def test_negative_oracle_draws_are_refused(tmp_path):
     pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.45)
     with pytest.raises(ValueError, match="negative probabilities; a pool stores log-probabilities"):
         write_synthetic_pool(jax.random.key(0), tmp_path / "neg", pi, mu, Noisy(1.0), num_per_side=32, repeats=4)
+
+
+def test_report_skips_what_does_not_apply(tabular_pool, tmp_path):
+    out = tmp_path / "report"
+    assert report_main([str(tabular_pool[0]), "--out", str(out), "--permutations", "2"]) == 0
+    summary = (out / "summary.md").read_text()
+    assert "Skipped: the multilevel evaluation needs at least 4 stored repeats" in summary
+    results = json.loads((out / "results.json").read_text())
+    assert results["multilevel"] == {"skipped": "the multilevel evaluation needs at least 4 stored repeats "
+                                                "(levels + held-out reference)"}
+    assert not (out / "multilevel_rmse.png").exists() and (out / "tv_by_prefix.png").exists()

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +29,24 @@ def to_jsonable(obj):
     if isinstance(obj, np.generic):
         return obj.item()
     return obj
+
+
+class Skipped(NamedTuple):
+    """An analysis that does not apply to this pool (e.g. multilevel with R < 4), and why."""
+
+    skipped: str
+
+
+def _attempt(analysis, *args, **kwargs):
+    """The analysis' result, or Skipped(reason) when it refuses this pool with a ValueError."""
+    try:
+        return analysis(*args, **kwargs)
+    except ValueError as e:
+        return Skipped(str(e))
+
+
+def _ok(result) -> bool:
+    return not isinstance(result, Skipped)
 
 
 def _figure(path: Path, draw, xlabel: str, ylabel: str, title: str, logx: int | None = None, logy=False) -> str:
@@ -63,13 +82,6 @@ def _plots(out: Path, res: dict) -> list[str]:
     names.append(_figure(out / "tv_by_prefix.png", prefix_plot, "prefix length t", "TV of length-t prefixes",
                          "TV against prefix length"))
 
-    def repeats_plot(ax):
-        ax.errorbar(rep.repeats, rep.value, 2 * rep.stderr, marker="o", capsize=3, label=f"TV {rep.pair[0]} vs {rep.pair[1]}")
-        for s, floor in rep.floor.items():
-            ax.plot(rep.floor_repeats, floor, "--", marker=".", label=f"self-noise floor of {s}")
-    names.append(_figure(out / "tv_by_repeats.png", repeats_plot, "repetitions r (repeats per position)",
-                         "estimated TV", "TV against repetition count", logx=2))
-
     def decomposition_plot(ax):
         labels = ["pi arm", "mu arm", "symmetric"]
         shared = [tv.arm_pi - tv.mismatch_rate_pi, tv.arm_mu - tv.mismatch_rate_mu, tv.shared]
@@ -78,43 +90,60 @@ def _plots(out: Path, res: dict) -> list[str]:
         ax.bar(labels, mismatch, bottom=shared, label="support mismatch (Z = 1)")
     names.append(_figure(out / "decomposition.png", decomposition_plot, "estimator", "TV", "TV decomposition"))
 
-    def sigma_plot(ax):
-        pct = ["p50", "p90", "p99", "max"]
-        for s, cal in res["sigma"].items():
-            ax.plot(pct, np.sqrt(cal.realized_percentiles), marker="o", label=f"{s} realized-token (mean {cal.realized_sigma:.3g})")
-            if cal.union_percentiles is not None:
-                ax.plot(pct, np.sqrt(cal.union_percentiles), marker="s", label=f"{s} union-support (mean {cal.union_sigma:.3g})")
-    names.append(_figure(out / "sigma.png", sigma_plot, "percentile across cells", "per-cell sigma",
-                         "sigma calibration (half-split chi-square)", logy=True))
+    if _ok(rep):
+        def repeats_plot(ax):
+            ax.errorbar(rep.repeats, rep.value, 2 * rep.stderr, marker="o", capsize=3,
+                        label=f"TV {rep.pair[0]} vs {rep.pair[1]}")
+            for s, floor in rep.floor.items():
+                ax.plot(rep.floor_repeats, floor, "--", marker=".", label=f"self-noise floor of {s}")
+        names.append(_figure(out / "tv_by_repeats.png", repeats_plot, "repetitions r (repeats per position)",
+                             "estimated TV", "TV against repetition count", logx=2))
 
-    if res["support"]:
+    sigma = {s: c for s, c in res["sigma"].items() if _ok(c)}
+    if sigma:
+        def sigma_plot(ax):
+            pct = ["p50", "p90", "p99", "max"]
+            for s, cal in sigma.items():
+                ax.plot(pct, np.sqrt(cal.realized_percentiles), marker="o",
+                        label=f"{s} realized-token (mean {cal.realized_sigma:.3g})")
+                if cal.union_percentiles is not None:
+                    ax.plot(pct, np.sqrt(cal.union_percentiles), marker="s",
+                            label=f"{s} union-support (mean {cal.union_sigma:.3g})")
+        positive = any(np.any(c.realized_percentiles > 0) for c in sigma.values())
+        names.append(_figure(out / "sigma.png", sigma_plot, "percentile across cells", "per-cell sigma",
+                             "sigma calibration (half-split chi-square)", logy=positive))
+
+    support = {s: u for s, u in res["support"].items() if _ok(u)}
+    if support:
         def support_plot(ax):
-            for s, u in res["support"].items():
+            for s, u in support.items():
                 ax.plot(u.repeats, u.mean, label=f"{s} mean")
                 ax.plot(u.repeats, u.p99, ":", label=f"{s} p99")
-            ax.axhline(next(iter(res["support"].values())).top_k, color="k", lw=0.8, label="stated k")
+            ax.axhline(next(iter(support.values())).top_k, color="k", lw=0.8, label="stated k")
         names.append(_figure(out / "support_union.png", support_plot, "repetitions r (repeats per position)",
                              "top-k support union size", "empirical top-k support", logx=2))
 
-    def ml_plot(ax):
-        for g, curve in zip(ml.grid, ml.rmse_single):
-            ax.plot(ml.budgets, curve, color="0.7", ls="--", lw=0.8)
-        ax.plot([], [], color="0.7", ls="--", label="fixed single levels")
-        ax.plot(ml.budgets, ml.rmse_hindsight, "k--", label="hindsight-best single level")
-        ax.plot(ml.budgets, ml.rmse_single_pilot, marker="s", label="pilot-chosen single level")
-        ax.plot(ml.budgets, ml.rmse_multilevel, marker="o", label="pilot-chosen multilevel")
-    names.append(_figure(out / "multilevel_rmse.png", ml_plot, "budget (queries)", "RMSE",
-                         "multilevel evaluation (B.7)", logx=10, logy=True))
+    if _ok(ml):
+        def ml_plot(ax):
+            for curve in ml.rmse_single:
+                ax.plot(ml.budgets, curve, color="0.7", ls="--", lw=0.8)
+            ax.plot([], [], color="0.7", ls="--", label="fixed single levels")
+            ax.plot(ml.budgets, ml.rmse_hindsight, "k--", label="hindsight-best single level")
+            ax.plot(ml.budgets, ml.rmse_single_pilot, marker="s", label="pilot-chosen single level")
+            ax.plot(ml.budgets, ml.rmse_multilevel, marker="o", label="pilot-chosen multilevel")
+        names.append(_figure(out / "multilevel_rmse.png", ml_plot, "budget (queries)", "RMSE",
+                             "multilevel evaluation (B.7)", logx=10, logy=True))
     return names
 
 
 def _summary(pool, res: dict, figures: list[str]) -> str:
     tv, ml, rep = res["tv"], res["multilevel"], res["repeats"]
     spec, meta = pool.spec, pool.metadata
-    lines = [f"# Pool report", "",
+    lines = ["# Pool report", "",
              f"n = {spec.n}, N = {spec.num_per_side} per side, R = {spec.repeats} passes, scorers {list(spec.scorers)}, "
-             f"samplers {list(spec.samplers)}, top-k {spec.top_k}; engine {meta.get('engine', '?')}, "
-             f"model {meta.get('model', '?')}.", "",
+             f"samplers {list(spec.samplers)}, top-k {spec.top_k}"
+             + "".join(f"; {k} {meta[k]}" for k in ("engine", "engine_version", "model", "dtype") if k in meta)
+             + ".", "",
              "## TV (symmetric scoring)", "",
              f"TV = {tv.value:.4f} ± {tv.stderr:.4f} (95% bootstrap CI [{tv.ci_low:.4f}, {tv.ci_high:.4f}]) at r = {tv.repeats}; "
              f"arms: pi {tv.arm_pi:.4f} ± {tv.arm_pi_stderr:.4f}, mu {tv.arm_mu:.4f} ± {tv.arm_mu_stderr:.4f}; "
@@ -123,38 +152,53 @@ def _summary(pool, res: dict, figures: list[str]) -> str:
              f"(mismatch on {tv.mismatch_rate_pi:.1%} of pi and {tv.mismatch_rate_mu:.1%} of mu trajectories)."]
     if "exact_tv" in meta:
         lines.append(f"Known exact TV: {meta['exact_tv']:.4f}.")
-    lines += ["", "## Repetitions", "",
-              f"TV at r = {rep.repeats.tolist()}: {np.round(rep.value, 4).tolist()}; self-noise floor at r = "
-              f"{rep.floor_repeats.tolist()}: " + "; ".join(f"{s} {np.round(v, 4).tolist()}" for s, v in rep.floor.items())
-              + f" (repeats {'permuted per cell' if rep.permuted else 'in serving order'}).",
-              "", "## Oracle noise and support", ""]
+    lines += ["", "## Repetitions", ""]
+    if _ok(rep):
+        lines.append(f"TV at r = {rep.repeats.tolist()}: {np.round(rep.value, 4).tolist()}; self-noise floor at r = "
+                     f"{rep.floor_repeats.tolist()}: "
+                     + "; ".join(f"{s} {np.round(v, 4).tolist()}" for s, v in rep.floor.items())
+                     + f" (repeats {'permuted per cell' if rep.permuted else 'in serving order'}).")
+    else:
+        lines.append(f"Skipped: {rep.skipped}")
+    lines += ["", "## Oracle noise and support", ""]
     for s, cal in res["sigma"].items():
+        if not _ok(cal):
+            lines.append(f"* {s}: sigma calibration skipped: {cal.skipped}")
+            continue
         union = f"union-support sigma {cal.union_sigma:.4g}" if cal.union_sigma is not None else "no top-k readout"
         lines.append(f"* {s}: {union}; realized-token sigma {cal.realized_sigma:.4g} "
                      f"({cal.nondegenerate_fraction:.1%} of cells non-degenerate).")
     for s, u in res["support"].items():
         lines.append(f"* {s}: top-k union at r = {int(u.repeats[-1])}: mean {u.mean[-1]:.3f}, p99 {u.p99[-1]:.2f}, "
-                     f"max {int(u.max[-1])} (k = {u.top_k}).")
+                     f"max {int(u.max[-1])} (k = {u.top_k})." if _ok(u) else f"* {s}: support union skipped: {u.skipped}")
     zm = res["zero_mass"]
     lines += ["", "## Zero mass and scorer comparisons", "",
               "Own-token zero-mass trajectory rate: " + ", ".join(f"{s} {v:.2%}" for s, v in zm.own.items()) + "."]
     for cmp in res["compare"]:
         lines.append(f"* {list(cmp.pair_b)} against {list(cmp.pair_a)}: TV {cmp.tv_b.value:.4f} vs {cmp.tv_a.value:.4f}, "
                      f"mismatch {cmp.mismatch_b:.2%} vs {cmp.mismatch_a:.2%}, mean |Δ log p| shift "
-                     f"{cmp.shift:+.4f} ± {cmp.shift_stderr:.4f}, slope {cmp.compression:.3f}.")
-    saving = lambda x: "n/a" if x is None else f"{x:.2f}x"
-    lines += ["", "## Multilevel evaluation (B.7)", "",
-              f"Grid {ml.grid.tolist()}, pilot {ml.pilot_size} samples x {ml.num_pilots} draws; schedule chosen at the "
-              f"largest budget: {list(ml.chosen[-1])} (multilevel in {ml.multilevel_fraction[-1]:.0%} of pilot draws); "
-              f"RMSE ratio vs pilot-chosen single level {ml.rmse_ratio:.3f}; peak equal-accuracy saving "
-              f"{saving(ml.saving_pilot)} vs pilot-chosen single level, {saving(ml.saving_hindsight)} vs hindsight-best.",
-              "", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+                     f"{cmp.shift:+.4f} ± {cmp.shift_stderr:.4f}, slope {cmp.compression:.3f}."
+                     if _ok(cmp) else f"* comparison skipped: {cmp.skipped}")
+    lines += ["", "## Multilevel evaluation (B.7)", ""]
+    if _ok(ml):
+        saving = lambda x: "n/a" if x is None else f"{x:.2f}x"
+        lines.append(f"Grid {ml.grid.tolist()}, pilot {ml.pilot_size} samples x {ml.num_pilots} draws; schedule chosen "
+                     f"at the largest budget: {list(ml.chosen[-1])} (multilevel in {ml.multilevel_fraction[-1]:.0%} of "
+                     f"pilot draws); RMSE ratio vs pilot-chosen single level {ml.rmse_ratio:.3f}; peak equal-accuracy "
+                     f"saving {saving(ml.saving_pilot)} vs pilot-chosen single level, {saving(ml.saving_hindsight)} "
+                     "vs hindsight-best.")
+    else:
+        lines.append(f"Skipped: {ml.skipped}")
+    lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
 
 
 def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_size: int | None = None,
                  num_pilots: int = 40, seed: int = 0) -> Path:
-    """Run every analysis on the pool at `pool_path` and write summary.md, results.json and PNGs to `out`."""
+    """Run every analysis on the pool at `pool_path` and write summary.md, results.json and PNGs to `out`.
+
+    Analyses that do not apply to the pool (too few repeats, no top-k readout) are reported as
+    skipped with the reason; the TV estimate, prefix curve and zero-mass rates always run."""
     from tvjax import analysis as A
 
     pool = load_pool(pool_path)
@@ -166,13 +210,13 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
     res = {
         "tv": A.tv_estimate(pool, seed=seed),
         "prefix": A.tv_by_prefix(pool),
-        "repeats": A.tv_by_repeats(pool, hygiene=hygiene),
-        "sigma": {s: A.calibrate_sigma(pool, s, hygiene) for s in pool.spec.scorers},
-        "support": {s: A.support_union(pool, s, hygiene) for s in pool.spec.scorers} if pool.spec.top_k else {},
+        "repeats": _attempt(A.tv_by_repeats, pool, hygiene=hygiene),
+        "sigma": {s: _attempt(A.calibrate_sigma, pool, s, hygiene) for s in pool.spec.scorers},
+        "support": {s: _attempt(A.support_union, pool, s, hygiene) for s in pool.spec.scorers} if pool.spec.top_k else {},
         "zero_mass": A.zero_mass_rates(pool),
-        "compare": [A.compare_scorers(pool, pair) for pair in compare],
-        "multilevel": A.evaluate_multilevel(pool, pilot_size=pilot, num_pilots=num_pilots,
-                                            hygiene=hygiene._replace(num_permutations=max(permutations, 1)), seed=seed),
+        "compare": [_attempt(A.compare_scorers, pool, pair) for pair in compare],
+        "multilevel": _attempt(A.evaluate_multilevel, pool, pilot_size=pilot, num_pilots=num_pilots,
+                               hygiene=hygiene, seed=seed),
     }
     figures = _plots(out, res)
     payload = {"pool": str(pool_path), "spec": to_jsonable(pool.spec), "metadata": pool.metadata, **to_jsonable(res)}
