@@ -7,6 +7,7 @@ averaged over several such permutations; `Hygiene(permute=False)` keeps serving 
 
 from typing import Iterator, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from tvjax.currency import likelihood_ratio_term, mixture_z
@@ -88,7 +89,7 @@ def _shifted(log_a: np.ndarray, log_b: np.ndarray) -> tuple[np.ndarray, np.ndarr
     log_a, log_b = np.asarray(log_a, np.float64), np.asarray(log_b, np.float64)
     top = np.maximum(log_a, log_b)
     shift = np.where(np.isneginf(top), 0.0, top)
-    return log_a - shift, log_b - shift
+    return jnp.asarray(log_a - shift), jnp.asarray(log_b - shift)
 
 
 def z_values(log_a: np.ndarray, log_b: np.ndarray) -> np.ndarray:
