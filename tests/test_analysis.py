@@ -11,8 +11,9 @@ from tvjax import Exact, Noisy, Sampler, block_pair, exact_tv, random_tabular_pa
 from tvjax.analysis import (Hygiene, calibrate_sigma, compare_scorers, evaluate_multilevel, support_union,
                             tv_by_prefix, tv_by_repeats, tv_estimate, write_synthetic_pool, zero_mass_rates)
 from tvjax.analysis.__main__ import main as analysis_main
-from tvjax.pools import create_pool, load_pool
+from tvjax.pools import PoolWriter, create_pool, load_pool
 from tvjax.report import main as report_main
+from tvjax.report import to_jsonable
 
 SIGMA = 0.1
 FEW = Hygiene(num_permutations=4)
@@ -198,8 +199,6 @@ def test_fewer_repeats_average_over_permutations(block_pool):
 
 
 def test_synthetic_writer_resumes_identically_after_a_crash(tmp_path, monkeypatch):
-    from tvjax.pools import PoolWriter
-
     pi, mu = block_pair(seed=10, n=16, block_bits=4, alpha=0.3)
     args = dict(num_per_side=32, repeats=4, top_k=2, row_chunk=16)
     original, calls = PoolWriter._commit, {"n": 0}
@@ -240,3 +239,15 @@ def test_report_skips_what_does_not_apply(tabular_pool, tmp_path):
     assert results["multilevel"] == {"skipped": "the multilevel evaluation needs at least 4 stored repeats "
                                                 "(levels + held-out reference)"}
     assert not (out / "multilevel_rmse.png").exists() and (out / "tv_by_prefix.png").exists()
+
+
+def test_multilevel_on_an_exactly_identical_pair_is_finite(tmp_path):
+    num, length, repeats = 100, 4, 8
+    w = create_pool(tmp_path / "same", n=length, num_per_side=num, repeats=repeats)
+    for side in ("pi", "mu"):
+        w.write_tokens(side, 0, np.zeros((num, length), int))
+        for sc in ("pi", "mu"):
+            w.write_draws(side, sc, 0, 0, np.full((num, length, repeats), np.log(0.5)))
+    res = evaluate_multilevel(load_pool(tmp_path / "same"), pilot_size=20, num_pilots=3, hygiene=FEW)
+    assert np.all(res.rmse_multilevel == 0) and res.rmse_ratio == 1.0 and res.saving_pilot is None
+    json.dumps(to_jsonable(res), allow_nan=False)

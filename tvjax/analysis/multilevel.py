@@ -157,11 +157,17 @@ def _saving(budgets, curve, baseline) -> float | None:
     """max over budgets of (budget at which `baseline` reaches curve's RMSE) / budget."""
     base = np.minimum.accumulate(baseline)
     reachable = (curve >= base[-1]) & (curve <= base[0])
-    if not reachable.any():
+    if not reachable.any() or base[-1] <= 0:  # a zero-RMSE baseline (no noise, no spread) has no saving
         return None
     # base is nonincreasing in budget: interpolate log budget against reversed log RMSE
     log_b = np.interp(-np.log(curve[reachable]), -np.log(base), np.log(budgets))
     return float(np.max(np.exp(log_b) / budgets[reachable]))
+
+
+def _min_ratio(curve, baseline) -> float:
+    """min over budgets of curve / baseline, counting 0 / 0 (both exact) as 1."""
+    both_zero = (curve == 0) & (baseline == 0)
+    return float(np.min(np.where(both_zero, 1.0, curve / np.where(baseline > 0, baseline, 1.0))))
 
 
 def evaluate_multilevel(pool: Pool, pair=None, grid=None, budgets=None, pilot_size: int = 64,
@@ -210,5 +216,5 @@ def evaluate_multilevel(pool: Pool, pair=None, grid=None, budgets=None, pilot_si
     variance, increments, bias, reference = (np.mean([s[i] for s in stats], 0) for i in range(4))
     return MultilevelEvaluation(grid, budgets, ml, sp, hind, np.mean(fixed, 0), np.mean(frac, 0), mode, variance,
                                 increments, bias, float(reference), _saving(budgets, ml, hind),
-                                _saving(budgets, ml, sp), float(np.min(ml / sp)), pilot_size, num_pilots,
+                                _saving(budgets, ml, sp), _min_ratio(ml, sp), pilot_size, num_pilots,
                                 pilot_queries, arm, hygiene.permute)
