@@ -38,20 +38,13 @@ def permutation_streams(hygiene: Hygiene) -> Iterator[np.random.Generator | None
         yield np.random.default_rng(seq)
 
 
-def shuffle_repeats(rng: np.random.Generator | None, draws: np.ndarray, *aligned: np.ndarray) -> tuple:
-    """Permute the repeat axis (axis 2) independently and uniformly per (trajectory, position) cell.
-
-    draws: [N, n, R]; aligned: arrays [N, n, R, ...] (top-k ids / log-probs of the same passes),
-    permuted identically. rng None keeps serving order. Returns (draws, *aligned).
-    """
+def shuffle_repeats(rng: np.random.Generator | None, draws: np.ndarray) -> np.ndarray:
+    """Permute the repeat axis of draws [N, n, R] independently and uniformly per (trajectory,
+    position) cell; rng None keeps serving order."""
     if rng is None:
-        return (draws,) + aligned
+        return draws
     order = np.argsort(rng.random(draws.shape, dtype=np.float32), axis=-1)
-    out = [np.take_along_axis(draws, order, axis=2)]
-    for a in aligned:
-        index = order.reshape(order.shape + (1,) * (a.ndim - 3))
-        out.append(np.take_along_axis(a, index, axis=2))
-    return tuple(out)
+    return np.take_along_axis(draws, order, axis=-1)
 
 
 def check_grid(grid, limit: int, name: str = "repetition grid") -> np.ndarray:

@@ -146,7 +146,7 @@ def level_values(pool: Pool, pair, grid, rng, arm: str) -> tuple[np.ndarray, np.
     half = pool.passes.size // 2
     zs, refs = {}, {}
     for side in SIDES if arm == "symmetric" else (arm,):
-        draws = [shuffle_repeats(rng, pool.logprobs[side][s])[0] for s in pair]
+        draws = [shuffle_repeats(rng, pool.logprobs[side][s]) for s in pair]
         zs[side] = z_values(path_logprobs(draws[0][..., :half], grid), path_logprobs(draws[1][..., :half], grid))
         refs[side] = z_values(*(path_logprobs(d[..., half:2 * half], [half])[:, 0] for d in draws))
     m = min(len(z) for z in zs.values())

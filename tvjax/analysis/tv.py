@@ -89,7 +89,7 @@ def prefix_terms(pool: Pool, pair, repeats: int, hygiene: Hygiene) -> dict:
     for side in SIDES:
         acc = 0.0
         for rng in streams:
-            la, lb = (np.cumsum(cell_log_means(shuffle_repeats(rng, pool.logprobs[side][s])[0], [repeats])[..., 0],
+            la, lb = (np.cumsum(cell_log_means(shuffle_repeats(rng, pool.logprobs[side][s]), [repeats])[..., 0],
                                 axis=1) for s in pair)
             own, other = (la, lb) if side == SIDES[0] else (lb, la)
             z, miss = z_values(la, lb), np.isneginf(la) | np.isneginf(lb)
@@ -159,7 +159,7 @@ def tv_by_repeats(pool: Pool, pair=None, grid=None, hygiene: Hygiene = Hygiene()
     for rng in permutation_streams(hygiene):
         z, zf = {}, {s: {} for s in pair}
         for side in ("pi", "mu"):
-            draws = [shuffle_repeats(rng, pool.logprobs[side][s])[0] for s in pair]
+            draws = [shuffle_repeats(rng, pool.logprobs[side][s]) for s in pair]
             z[side] = z_values(path_logprobs(draws[0], grid), path_logprobs(draws[1], grid))
             for s, d in zip(pair, draws):
                 zf[s][side] = self_noise_z(d, floor_grid)
