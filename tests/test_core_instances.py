@@ -16,6 +16,7 @@ from tvjax.instances import (
     paper_block_pair,
     rare_escape_pair,
     random_tabular_pair,
+    tabular_logits,
 )
 
 
@@ -51,9 +52,8 @@ def _brute_force_probs(logits, temperature, top_k, context_len):
     return probs / probs.sum(-1, keepdims=True)
 
 
-def _brute_force_tv(pi, mu):
-    V, n, c = pi.vocab_size, pi.n, pi.context_len
-    tables = [_brute_force_probs(p.logits, float(p.temperature), p.top_k, c) for p in (pi, mu)]
+def _brute_force_tv(V, n, c, logits, temperatures, top_ks):
+    tables = [_brute_force_probs(*args, c) for args in zip(logits, temperatures, top_ks)]
     total = 0.0
     for seq in itertools.product(range(V), repeat=n):
         probs = []
@@ -81,7 +81,9 @@ def _brute_force_tv(pi, mu):
 )
 def test_random_tabular_enumeration_matches_brute_force(kwargs):
     pi, mu = random_tabular_pair(seed=1, vocab_size=4, n=5, context_len=2, **kwargs)
-    assert exact_tv(pi, mu) == pytest.approx(_brute_force_tv(pi, mu), abs=2e-6)
+    logits = tabular_logits(1, 4, 5, 2, kwargs.get("logit_noise", 0.0))
+    reference = _brute_force_tv(4, 5, 2, logits, kwargs.get("temperature", (1.0, 1.0)), kwargs.get("top_k", (None, None)))
+    assert exact_tv(pi, mu) == pytest.approx(reference, abs=2e-6)
 
 
 def test_enumeration_too_large_raises():
@@ -124,7 +126,8 @@ def test_next_token_logprobs_consistent_with_path():
 def test_top_k_is_tie_inclusive():
     probs = np.full((1, 1, 4), 0.25)
     proc = TabularProcess.from_probs(probs, context_len=0, top_k=2)
-    np.testing.assert_allclose(np.exp(np.asarray(proc.table()))[0, 0], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(np.exp(np.asarray(proc.logprobs))[0, 0], 0.25, rtol=1e-6)
+    assert proc.max_support == 4
 
 
 def test_processes_are_pytrees_that_jit_and_vmap():

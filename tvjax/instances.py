@@ -213,37 +213,32 @@ def _rare_escape_tv(pi, mu):
 # --------------------------------------------------------------------------- random tabular
 
 
-def truncate_top_k(logits, k):
-    """Keep the k largest logits (ties at the threshold included), the rest to -inf."""
-    if k is None:
-        return logits
-    threshold = jax.lax.top_k(logits, k)[0][..., -1:]
-    return jnp.where(logits >= threshold, logits, NEG_INF)
+def normalized_table(logits, temperature=1.0, top_k=None):
+    """log softmax(top_k(logits / temperature)) over the last axis, in float64 numpy.
+
+    Top-k keeps every logit tied with the k-th largest (tie-inclusive); the rest get zero mass."""
+    scaled = np.asarray(logits, np.float64) / temperature
+    if top_k is not None:
+        kth = -np.sort(-scaled, axis=-1)[..., top_k - 1 : top_k]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
+    peak = np.max(scaled, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        return scaled - peak - np.log(np.sum(np.exp(scaled - peak), axis=-1, keepdims=True))
 
 
 @dataclasses.dataclass(frozen=True)
 class TabularProcess:
-    """Order-`context_len` autoregressive table: the next-token distribution at position i is
-    softmax(top_k(logits[i, context] / temperature)), context = the previous context_len tokens."""
+    """Order-`context_len` autoregressive table: the next-token log-distribution at position i is
+    logprobs[i, context], context = the previous context_len tokens (read as 0 before the start)."""
 
-    logits: jax.Array  # float [n, V**context_len, V], -inf allowed (zero probability)
-    temperature: jax.Array  # scalar > 0
+    logprobs: jax.Array  # float32 [n, V**context_len, V], -inf for zero probability
     n: int
     vocab_size: int
     context_len: int
-    top_k: Optional[int] = None
-
-    @property
-    def max_support(self):
-        return self.top_k or self.vocab_size
-
-    def table(self):
-        """Next-token log-probabilities [n, V**context_len, V]."""
-        scaled = jnp.asarray(self.logits, jnp.float32) / self.temperature
-        return jax.nn.log_softmax(truncate_top_k(scaled, self.top_k), axis=-1)
+    max_support: int
 
     def _contexts(self, tokens):
-        """Context index of every position [num, n] (positions before the start read token 0)."""
+        """Context index of every position [num, n]."""
         c = self.context_len
         padded = jnp.pad(tokens, ((0, 0), (c, 0)))
         ctx = jnp.zeros(tokens.shape, jnp.int32)
@@ -252,14 +247,13 @@ class TabularProcess:
         return ctx
 
     def next_token_logprobs(self, tokens):
-        return self.table()[jnp.arange(self.n)[None, :], self._contexts(tokens)]
+        return jnp.asarray(self.logprobs)[jnp.arange(self.n)[None, :], self._contexts(tokens)]
 
     def path_logprobs(self, tokens):
         rows = self.next_token_logprobs(tokens)
         return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
 
     def sample(self, key, num):
-        table = self.table()
         c, V = self.context_len, self.vocab_size
 
         def step(ctx, inputs):
@@ -268,34 +262,46 @@ class TabularProcess:
             return (ctx * V + token) % (V**c), token
 
         keys = jax.random.split(key, self.n)
-        _, tokens = jax.lax.scan(step, jnp.zeros((num,), jnp.int32), (keys, table))
+        _, tokens = jax.lax.scan(step, jnp.zeros((num,), jnp.int32), (keys, jnp.asarray(self.logprobs)))
         return tokens.T.astype(jnp.int32)
 
     @classmethod
-    def from_probs(cls, probs, context_len, temperature=1.0, top_k=None):
-        """From a probability table [n, V**context_len, V]; zeros become -inf logits."""
-        probs = check_probability_vector("tabular probabilities", probs, axis=-1)
-        n, num_ctx, V = probs.shape
+    def from_logits(cls, logits, context_len, temperature=1.0, top_k=None):
+        """softmax(top_k(logits / temperature)) from raw logits [n, V**context_len, V]."""
+        logits = np.asarray(logits, np.float64)
+        if logits.ndim != 3:
+            raise ValueError(f"logits must have shape [n, V**context_len, V], got {logits.shape}")
+        n, num_ctx, V = logits.shape
         if num_ctx != V**context_len:
             raise ValueError(f"table has {num_ctx} contexts, expected V**context_len = {V**context_len}")
+        check_range("temperature", temperature, 0.0, low_open=True)
+        if top_k is not None:
+            top_k = check_positive_int("top_k", top_k)
+            if top_k > V:
+                raise ValueError(f"top_k={top_k} exceeds the vocabulary size {V}")
+        table = normalized_table(logits, temperature, top_k).astype(np.float32)
+        support = int(np.max(np.sum(np.isfinite(table), axis=-1)))
+        return cls(table, n, V, context_len, support)
+
+    @classmethod
+    def from_probs(cls, probs, context_len, temperature=1.0, top_k=None):
+        """From a probability table [n, V**context_len, V] (validated); zeros stay zeros."""
+        probs = check_probability_vector("tabular probabilities", probs, axis=-1)
         with np.errstate(divide="ignore"):
-            logits = np.log(probs).astype(np.float32)
-        return _tabular(logits, temperature, top_k, context_len)
+            return cls.from_logits(np.log(probs), context_len, temperature, top_k)
 
 
-_pytree(TabularProcess, ["n", "vocab_size", "context_len", "top_k"])
+_pytree(TabularProcess, ["n", "vocab_size", "context_len", "max_support"])
 
 MAX_TABLE_ENTRIES = 50_000_000
 
 
-def _tabular(logits, temperature, top_k, context_len):
-    n, _, V = logits.shape
-    check_range("temperature", temperature, 0.0, low_open=True)
-    if top_k is not None:
-        top_k = check_positive_int("top_k", top_k)
-        if top_k > V:
-            raise ValueError(f"top_k={top_k} exceeds the vocabulary size {V}")
-    return TabularProcess(logits, np.float32(temperature), n, V, context_len, top_k)
+def tabular_logits(seed, vocab_size, n, context_len, logit_noise=0.0, logit_scale=2.0):
+    """The raw logits of random_tabular_pair: base ~ N(0, logit_scale^2) from default_rng(seed),
+    then mu's = base + logit_noise * N(0, 1) from the same stream."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(scale=logit_scale, size=(n, vocab_size**context_len, vocab_size))
+    return base, base + logit_noise * rng.normal(size=base.shape)
 
 
 def random_tabular_pair(
@@ -321,11 +327,9 @@ def random_tabular_pair(
             f"table entries (limit {MAX_TABLE_ENTRIES:.0e}); lower context_len or vocab_size"
         )
     check_range("logit_noise", logit_noise, 0.0)
-    rng = np.random.default_rng(seed)
-    base = rng.normal(scale=logit_scale, size=(n, V**context_len, V)).astype(np.float32)
-    perturbed = (base + logit_noise * rng.normal(size=base.shape)).astype(np.float32)
-    pi = _tabular(base, temperature[0], top_k[0], context_len)
-    mu = _tabular(perturbed, temperature[1], top_k[1], context_len)
+    base, perturbed = tabular_logits(seed, V, n, context_len, logit_noise, logit_scale)
+    pi = TabularProcess.from_logits(base, context_len, temperature[0], top_k[0])
+    mu = TabularProcess.from_logits(perturbed, context_len, temperature[1], top_k[1])
     return pi, mu
 
 
