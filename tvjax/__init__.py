@@ -39,6 +39,13 @@ _EXPORTS = {
     "plugin_kl": "tvjax.estimators",
     "k3_pinsker": "tvjax.estimators",
     "naive_noisy_plugin": "tvjax.estimators",
+    "summarize_levels": "tvjax.estimators",
+    "KLEstimate": "tvjax.estimators",
+    # pools and their analyses
+    "create_pool": "tvjax.pools",
+    "load_pool": "tvjax.pools",
+    "PoolError": "tvjax.pools",
+    "write_synthetic_pool": "tvjax.analysis",
     # front door
     "TVEstimate": "tvjax.api",
     "estimate_tv": "tvjax.api",

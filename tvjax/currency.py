@@ -18,6 +18,7 @@ def mixture_z(log_p_pi, log_p_mu):
     Exactly 1 where either side has zero mass (-inf): the support-mismatch part of TV, on which
     KL is infinite (paper, B.6).
     """
+    log_p_pi, log_p_mu = jnp.asarray(log_p_pi), jnp.asarray(log_p_mu)
     either_zero = jnp.isneginf(log_p_pi) | jnp.isneginf(log_p_mu)
     # Substitute finite values before subtracting so -inf - -inf never forms a NaN.
     diff = jnp.where(either_zero, 0.0, log_p_pi - log_p_mu)
@@ -29,6 +30,7 @@ def likelihood_ratio_term(log_p_pi, log_p_mu):
 
     1 where mu(X) = 0; 0 where pi(X) = 0 (X outside pi's support contributes nothing).
     """
+    log_p_pi, log_p_mu = jnp.asarray(log_p_pi), jnp.asarray(log_p_mu)
     pi_zero = jnp.isneginf(log_p_pi)
     log_ratio = jnp.where(pi_zero, 0.0, log_p_mu - log_p_pi)
     term = jnp.maximum(1.0 - jnp.exp(jnp.minimum(log_ratio, 0.0)), 0.0)
