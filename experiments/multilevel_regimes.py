@@ -1,0 +1,123 @@
+"""Hydra app: multilevel regimes and the variance-ratio diagnostic (paper appendix B.2).
+
+    .venv/bin/python experiments/multilevel_regimes.py [smoke=true]
+
+At each sigma: rho_l = Var(Z_{r_l} - Z_{r_{l-1}}) / Var(Z_{r_l}) between consecutive levels on the
+same trajectories with nested draws (ratio_trajectories per side), and the mean absolute error of
+Algorithm 3 against its query budget over `reps` repetitions for 1..L levels (N_l = s * base_sizes;
+fewer levels drop the coarsest), plus a single level at the finest r given the two-level budget.
+Level sizes below 2 (s * 1 at s = 1) are raised to 2, the smallest the core estimator accepts.
+"""
+
+import functools
+
+import hydra
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from tqdm import tqdm
+
+from tvjax.currency import mixture_z
+from tvjax.estimators import Schedule, multilevel
+from tvjax.instances import exact_tv
+from tvjax.oracles import Noisy
+from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, study_config
+
+
+@functools.partial(jax.jit, static_argnames=("repeats", "num"))
+def nested_z(key, pi, mu, oracle, repeats, num):
+    """Z_{r_l}(X) for every level l on the same X with nested draws: [2 num, L], num from each side."""
+    rows = []
+    for side_key, side in zip(jax.random.split(key), (pi, mu)):
+        k_sample, k_pi, k_mu = jax.random.split(side_key, 3)
+        tokens = side.sample(k_sample, num)
+        rows.append(mixture_z(oracle.nested_path_logprobs(k_pi, pi, tokens, repeats),
+                              oracle.nested_path_logprobs(k_mu, mu, tokens, repeats)))
+    return jnp.concatenate(rows)
+
+
+def variance_ratios(z):
+    """rho_l = Var(Z_l - Z_{l-1}) / Var(Z_l) for l = 1..L-1 from [num, L] level values."""
+    z = np.asarray(z, np.float64)
+    return np.var(np.diff(z, axis=1), axis=0, ddof=1) / np.var(z[:, 1:], axis=0, ddof=1)
+
+
+def depth_schedules(repeats, base_sizes, scale):
+    """{levels: Schedule} for 1..L levels at scale s: fewer levels drop the coarsest ones."""
+    sizes = [max(2, scale * b) for b in base_sizes]
+    return {d: Schedule(tuple(sizes[-d:]), tuple(repeats[-d:])) for d in range(1, len(repeats) + 1)}
+
+
+def matched_single_level(schedule, n, repeats):
+    """One level at `repeats` with (about) the queries of `schedule`."""
+    budget = sum(N * per_trajectory_queries(n, r) for N, r in zip(*schedule))
+    return Schedule((max(2, round(budget / per_trajectory_queries(n, repeats))),), (repeats,))
+
+
+def study(cfg):
+    s = study_config(cfg)
+    pi, mu = build_pair(cfg.instance)
+    truth = exact_tv(pi, mu)
+    repeats = tuple(s.repeats)
+    key_ratio, key_mae = jax.random.split(jax.random.key(cfg.seed))
+    rows, rho = [], {}
+    for sigma, key in zip(s.sigmas, jax.random.split(key_ratio, len(s.sigmas))):
+        rho[sigma] = variance_ratios(nested_z(key, pi, mu, Noisy(sigma), repeats, s.ratio_trajectories))
+        rows += [{"kind": "rho", "sigma": sigma, "level": l + 1, "r_coarse": repeats[l], "r_fine": repeats[l + 1], "rho": v}
+                 for l, v in enumerate(rho[sigma])]
+        print(f"sigma={sigma}: rho = {np.round(rho[sigma], 4).tolist()}")
+    jobs = []
+    for scale in s.scales:
+        schedules = depth_schedules(repeats, s.base_sizes, scale)
+        jobs += [(f"{d} level{'s' * (d > 1)}", scale, sched) for d, sched in schedules.items()]
+        jobs.append((f"single r={repeats[-1]} at 2-level budget", scale, matched_single_level(schedules[2], pi.n, repeats[-1])))
+    keys = jax.random.split(key_mae, len(jobs))
+    for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
+        fn = functools.partial(multilevel, schedule=schedule)
+        for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
+            est = replicate(fn, sigma_key, s.reps, pi, mu, Noisy(sigma), batch_size=s.batch_size)
+            mae, rmse, bias = errors(est.value, truth)
+            rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
+                         "mae": mae, "rmse": rmse, "bias": bias, "reps": s.reps,
+                         "num_samples": list(schedule.num_samples), "repeats": list(schedule.repeats)})
+    summary = {"truth": truth, "rho": {str(k): v.tolist() for k, v in rho.items()}, "repeats": list(repeats),
+               "reps": s.reps}
+    return StudyResult(summary, rows, {"mae_vs_budget": plot_mae(rows, s.sigmas, truth), "variance_ratios": plot_rho(rho, repeats)})
+
+
+def plot_mae(rows, sigmas, truth):
+    fig, axes = plt.subplots(1, len(sigmas), figsize=(4.5 * len(sigmas), 4), squeeze=False)
+    for ax, sigma in zip(axes[0], sigmas):
+        mine = [r for r in rows if r["kind"] == "mae" and r["sigma"] == sigma]
+        for label in dict.fromkeys(r["method"] for r in mine):
+            pts = sorted((r["queries"], r["mae"]) for r in mine if r["method"] == label)
+            ax.loglog(*zip(*pts), "o-" if "single" not in label else "s--", label=label)
+        ax.set_title(f"sigma = {sigma} (TV = {truth:.3f})")
+        ax.set_xlabel("queries")
+        ax.set_ylabel("mean absolute error")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_rho(rho, repeats):
+    fig, ax = plt.subplots(figsize=(5, 4))
+    labels = [f"{a}->{b}" for a, b in zip(repeats, repeats[1:])]
+    width = 0.8 / len(rho)
+    for i, (sigma, values) in enumerate(rho.items()):
+        ax.bar(np.arange(len(labels)) + i * width, values, width, label=f"sigma = {sigma}")
+    ax.set_xticks(np.arange(len(labels)) + width * (len(rho) - 1) / 2, labels)
+    ax.set_yscale("log")
+    ax.set_xlabel("levels r_{l-1} -> r_l")
+    ax.set_ylabel(r"$\rho_l = Var(Z_{r_l}-Z_{r_{l-1}}) / Var(Z_{r_l})$")
+    ax.legend()
+    return fig
+
+
+@hydra.main(config_path="../configs", config_name="multilevel_regimes", version_base="1.3")
+def main(cfg):
+    run_study(cfg, study)
+
+
+if __name__ == "__main__":
+    main()

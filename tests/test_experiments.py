@@ -1,0 +1,175 @@
+"""Hydra experiment apps: every study composed (Hydra compose API) and run end to end at smoke
+size, multiruns through the joblib and submitit_local launchers, skip-if-complete on re-run, and
+the bounds fit against synthetic budgets whose exponents are known."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tvjax.estimators import plugin
+from tvjax.instances import exact_tv, random_tabular_pair
+from tvjax.oracles import Noisy
+from tvjax.sweeps import (ConfigError, build_estimator, build_oracle, build_pair, config_digest, equal_share_schedule,
+                          loglog_fit, per_trajectory_queries, run_study)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+# experiment -> app (primary config and script of the same name). engine_* experiments belong to
+# experiments/engine_campaign.py and are tested with it.
+STUDIES = {
+    "convergence": "convergence",
+    "multilevel_regimes": "multilevel_regimes",
+    "access_models": "access_models",
+    "self_noise": "self_noise",
+    "bounds": "bounds",
+    "bounds_rare_escape": "bounds",
+}
+# Subprocess jobs are tiny: skip the expensive XLA backend passes to keep compiles short.
+FAST_ENV = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "HYDRA_FULL_ERROR": "1"}
+
+
+def load_app(name):
+    spec = importlib.util.spec_from_file_location(f"app_{name}", ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def composed(config_name, overrides=()):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def group_options(group):
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def test_study_table_lists_every_experiment():
+    mine = {name for name in group_options("experiment") if not name.startswith("engine_")}
+    assert mine == set(STUDIES)
+
+
+def check_outputs(out_dir, record):
+    assert (out_dir / "results.json").exists() and (out_dir / "results.csv").exists()
+    assert (out_dir / "resolved_config.yaml").exists() and (out_dir / "done.json").exists()
+    saved = json.loads((out_dir / "results.json").read_text())
+    assert saved["seed"] == 0 and saved["versions"]["jax"] and saved["results"]
+    assert record["figures"] and all((out_dir / name).stat().st_size > 0 for name in record["figures"])
+    assert len((out_dir / "results.csv").read_text().splitlines()) >= 2
+
+
+@pytest.mark.parametrize("experiment", sorted(STUDIES))
+def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
+    app = STUDIES[experiment]
+    cfg = composed(app, [f"experiment={experiment}", "smoke=true"])
+    assert cfg.study.name == app and cfg.smoke
+    record = run_study(cfg, load_app(app).study, out_dir=tmp_path)
+    check_outputs(tmp_path, record)
+    results = record["results"]
+    if app == "convergence":
+        assert results["slope"] < 0 and results["variance_R"] > 0
+    if app == "multilevel_regimes":
+        assert all(len(v) == len(cfg.study_smoke.repeats) - 1 for v in results["rho"].values())
+    if app == "bounds":
+        assert {row["access"] for row in results["exponents"]} == {g.access for g in cfg.study_smoke.grids}
+
+
+def test_estimate_app_runs_and_every_group_option_builds(tmp_path):
+    cfg = composed("config", ["instance=random_tabular", "estimator=mixture", "estimator.num_per_side=64"])
+    check_outputs(tmp_path, run_study(cfg, load_app("estimate").study, out_dir=tmp_path))
+    saved = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert saved["ci_low"] <= saved["value"] <= saved["ci_high"] and saved["queries"] > 0
+    for option in group_options("instance"):
+        pi, mu = build_pair(composed("config", [f"instance={option}"]).instance)
+        assert 0.0 < exact_tv(pi, mu) <= 1.0, option
+    for option in group_options("oracle"):
+        build_oracle(composed("config", [f"oracle={option}"]).oracle)
+    for option in group_options("estimator"):
+        assert callable(build_estimator(composed("config", [f"estimator={option}"]).estimator))
+
+
+def test_bad_configs_fail_clearly():
+    with pytest.raises(ConfigError, match="unknown estimator"):
+        build_estimator({"name": "magic"})
+    with pytest.raises(ConfigError, match="takes"):
+        build_estimator({"name": "plugin", "num_samples": 3})
+    with pytest.raises(ConfigError, match="no parameter"):
+        build_pair(composed("config").instance, K=4)
+    bounds = load_app("bounds")
+    cfg = composed("bounds", ["smoke=true", "study_smoke.grids=[{access: exact, axis: width, values: [1]}]"])
+    with pytest.raises(ConfigError, match="unknown grid axis"):
+        bounds.study(cfg)
+
+
+def test_query_accounting_matches_the_estimators():
+    pi, mu = random_tabular_pair(seed=1, n=3)
+    est = plugin(jax.random.key(0), pi, mu, Noisy(0.1), num_per_side=4, repeats=3)
+    assert float(est.queries) == 4 * per_trajectory_queries(pi.n, 3)
+    schedule = equal_share_schedule(1e6, 128, (16, 64))
+    spent = [N * per_trajectory_queries(128, r) for N, r in zip(*schedule)]
+    assert max(spent) <= 0.5e6 and min(spent) > 0.49e6
+
+
+def test_bounds_fit_recovers_known_exponents():
+    rng = np.random.default_rng(0)
+    n = np.array([16, 32, 64, 128, 256], float)
+    assert abs(loglog_fit(n, 3.0 * n**1.5 * np.exp(rng.normal(0, 0.02, n.size))).slope - 1.5) < 0.05
+    bounds = load_app("bounds")
+    rows = [{"access": "noisy", "axis": "n", "estimator": "multilevel", "x": x, "budget_needed": 7 * x**2 / 0.01,
+             "theory": (x + x**2 * 0.25) / 0.01} for x in n]
+    rows += [{"access": "noisy", "axis": "eps", "estimator": "multilevel", "x": 1 / eps, "budget_needed": 5 / eps**2,
+              "theory": 80 / eps**2} for eps in (0.2, 0.1, 0.05)]
+    table = {(row["axis"], row["estimator"]): row for row in bounds.exponent_table(rows)}
+    assert abs(table["n", "multilevel"]["fitted"] - 2.0) < 1e-9
+    assert abs(table["eps", "multilevel"]["fitted"] - 2.0) < 1e-9 and abs(table["eps", "multilevel"]["theory"] - 2.0) < 1e-9
+    assert 1.5 < table["n", "multilevel"]["theory"] < 2.0  # (n + n^2/4) bends from slope 1 to 2 over the grid
+    # needed_scale: Gaussian estimates with known bias b and sd s at scale c need c s^2 / (eps^2 - b^2).
+    values = 0.4 + 0.01 + 0.05 * rng.standard_normal(200_000)
+    assert bounds.needed_scale(values, 0.4, 0.1, 2.0) == pytest.approx(2.0 * 0.05**2 / (0.1**2 - 0.01**2), rel=0.02)
+    assert bounds.needed_scale(values, 0.3, 0.1, 2.0) == float("inf")  # bias 0.11 > eps
+
+
+def run_app(args, cwd):
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "estimate.py"), *args], cwd=cwd, env=FAST_ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+TINY = ["instance=random_tabular", "estimator=mixture"]
+
+
+def test_joblib_multirun_completes_and_rerun_skips_finished_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", *TINY,
+            "estimator.num_per_side=32,64"]
+    run_app(args, tmp_path)
+    results = sorted(sweep.glob("*/results.json"))
+    assert len(results) == 2 and (sweep / "sweep_summary.csv").exists() and (sweep / "sweep_summary.png").exists()
+    before = {path: path.stat().st_mtime_ns for path in results}
+    run_app(args, tmp_path)
+    assert {path: path.stat().st_mtime_ns for path in results} == before
+
+
+def test_submitit_local_multirun_completes(tmp_path):
+    sweep = tmp_path / "sweep"
+    run_app(["-m", "hydra/launcher=local_cluster", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", *TINY,
+             "estimator.num_per_side=32"], tmp_path)
+    (result,) = sweep.glob("*/results.json")
+    assert json.loads(result.read_text())["results"]["estimator"] == "mixture"
+
+
+def test_done_marker_is_keyed_by_the_resolved_config(tmp_path):
+    cfg = composed("config", TINY)
+    other = composed("config", [*TINY, "seed=1"])
+    relocated = composed("config", [*TINY, "sweep_id=elsewhere"])
+    assert config_digest(cfg) != config_digest(other)
+    assert config_digest(cfg) == config_digest(relocated)
