@@ -15,6 +15,7 @@ import numpy as np
 
 from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.oracles import Exact, Sampler
+from tvjax.sharding import shard_rows
 from tvjax.validate import check_pair, check_positive_int, check_range, check_repeats
 
 # Trajectory positions held in memory at once by one chunk (times the vocabulary for LogitNoise).
@@ -124,7 +125,7 @@ def stream_chunk(process, oracle, num_per_level):
 def _scored(key, side, pi, mu, oracle, size, coarse, fine):
     """Sample `size` trajectories from `side`; [size, 2] (coarse, fine) path log-probs per model."""
     k_sample, k_pi, k_mu = jax.random.split(key, 3)
-    tokens = side.sample(k_sample, size)
+    tokens = shard_rows(side.sample(k_sample, size))
     return (
         oracle.coupled_path_logprobs(k_pi, pi, tokens, coarse, fine),
         oracle.coupled_path_logprobs(k_mu, mu, tokens, coarse, fine),
