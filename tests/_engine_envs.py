@@ -16,14 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV_VARS = {"transformers": "TVJAX_TRANSFORMERS_PYTHON", "vllm": "TVJAX_VLLM_PYTHON"}
 
 
+def require(present: bool, reason: str) -> None:
+    """Fail in CI (which must have run .ci/engines_setup.sh), skip with `reason` elsewhere."""
+    if present:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
 def engine_python(engine: str) -> str:
     """The Python of an engine venv; fail in CI, skip elsewhere, when it is missing."""
     path = Path(os.environ.get(ENV_VARS[engine]) or ROOT / f".venv-{engine}" / "bin" / "python")
-    if not path.is_file():
-        reason = f"engine venv {engine!r} missing at {path}: run `bash .ci/engines_setup.sh {engine}`"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require(path.is_file(), f"engine venv {engine!r} missing at {path}: run `bash .ci/engines_setup.sh {engine}`")
     return str(path)
 
 

