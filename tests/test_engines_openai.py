@@ -1,6 +1,6 @@
 """The OpenAI-compatible bridge against vLLM's OpenAI server, started by the test on 127.0.0.1 with
-the tiny random Llama (loopback only; a bounded number of requests: 3 completions + 3*6 per-prefix
-requests, under a request budget of 40).
+the tiny random Llama (loopback only; bounded requests: 3 completions + 3*6 per-prefix requests under
+a budget of 40, a budget refusal, and 3 completions + 3 echo requests for the sequence-level scorer).
 
 Tolerance (measured, fp32): the per-prefix readouts (prefill path, raw log-probs renormalized over
 top-k without EOS) agree with the sampling-time readouts of the completions (decode path) to < 1e-5
@@ -91,3 +91,11 @@ def test_openai_bridge_refuses_a_pass_beyond_its_budget(server, tmp_path):
     with pytest.raises(AssertionError, match="BudgetExceeded"):
         run_job(engine_python("vllm"), pool_path, engine, [("sample", "pi"), ("score", "pi")])
     assert pools.coverage(pool_path)["tokens/pi"].all()  # the sampled shard was kept
+
+
+def test_openai_sequence_level_scorer_uses_echo(server, tmp_path):
+    pool_path, engine = api_engine(server, tmp_path, max_requests=6)
+    run_job(engine_python("vllm"), pool_path, engine, [("sample", "pi"), ("score", "pi")], scoring="sequence")
+    group = __import__("zarr").open_group(str(pool_path), mode="r")
+    lp, slp = np.asarray(group["logprobs/pi/api"][:, :, 0]), np.asarray(group["sample_logprobs/pi"][:])
+    assert np.isfinite(lp).all() and np.abs(lp - slp).max() <= 1e-3

@@ -28,7 +28,8 @@ def test_tiny_model_sample_replay_cross_score(tiny, tmp_path):
     pool_path = tmp_path / "pool"
     pools.create_pool(pool_path, n=10, num_per_side=6, repeats=2, scorers=("sdpa", "eager"), top_k=8,
                       sample_logprobs=True)
-    sdpa, eager = hf("sdpa", tiny, 0, attn_implementation="sdpa"), hf("eager", tiny, 1, attn_implementation="eager")
+    sdpa = hf("sdpa", tiny, 0, attn_implementation="sdpa", sdpa_backend="math")
+    eager = hf("eager", tiny, 1, attn_implementation="eager")
     events = run_job(python, pool_path, sdpa, [("sample", "pi"), ("score", "pi")])
     assert [e["event"] for e in events] == ["shard", "shard", "shard", "job_done"]
     run_job(python, pool_path, eager, [("sample", "mu"), ("score", "mu"), ("score", "pi")])
