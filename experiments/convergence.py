@@ -7,6 +7,7 @@ For each N: mean absolute error of the likelihood-ratio estimator over `reps` re
 least-squares slope of log MAE against log N (theory -0.5; paper -0.493).
 """
 
+import functools
 import math
 
 import hydra
@@ -29,8 +30,8 @@ def study(cfg):
     variance_r = float(likelihood_ratio(key_var, pi, mu, oracle, num_samples=s.variance_samples).levels.variance[0])
     rows = []
     for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
-        run = lambda k: likelihood_ratio(k, pi, mu, oracle, num_samples=size).value
-        mae, rmse, bias = errors(replicate(run, key, s.reps, s.batch_size), truth)
+        run = functools.partial(likelihood_ratio, num_samples=size)
+        mae, rmse, bias = errors(replicate(run, key, s.reps, pi, mu, oracle, batch_size=s.batch_size).value, truth)
         reference = math.sqrt(2 / math.pi) * math.sqrt(variance_r / size)
         rows.append({"N": size, "mae": mae, "rmse": rmse, "bias": bias, "gaussian_reference": reference, "reps": s.reps})
     fit = loglog_fit([r["N"] for r in rows], [r["mae"] for r in rows])
