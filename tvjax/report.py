@@ -145,7 +145,7 @@ def _summary(pool, res: dict, figures: list[str]) -> str:
              + "".join(f"; {k} {meta[k]}" for k in ("engine", "engine_version", "model", "dtype") if k in meta)
              + ".", "",
              "## TV (symmetric scoring)", "",
-             f"TV = {tv.value:.4f} ± {tv.stderr:.4f} (95% bootstrap CI [{tv.ci_low:.4f}, {tv.ci_high:.4f}]) at r = {tv.repeats}; "
+             f"TV = {tv.value:.4g} ± {tv.stderr:.2g} (95% bootstrap CI [{tv.ci_low:.4g}, {tv.ci_high:.4g}]) at r = {tv.repeats}; "
              f"arms: pi {tv.arm_pi:.4f} ± {tv.arm_pi_stderr:.4f}, mu {tv.arm_mu:.4f} ± {tv.arm_mu_stderr:.4f}; "
              f"likelihood-ratio arms {tv.lr_pi:.4f} / {tv.lr_mu:.4f}.",
              f"Shared support {tv.shared:.4f} + support mismatch {tv.mismatch:.4f} "
@@ -206,7 +206,7 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
     out.mkdir(parents=True, exist_ok=True)
     hygiene = A.Hygiene(True, permutations, seed)
     compare = list(compare) or [tuple(p) for p in pool.metadata.get("comparison_pairs", [])]
-    pilot = min(64, pool.spec.num_per_side // 4) if pilot_size is None else pilot_size
+    pilot = max(2, min(64, pool.spec.num_per_side // 4)) if pilot_size is None else pilot_size
     res = {
         "tv": A.tv_estimate(pool, seed=seed),
         "prefix": A.tv_by_prefix(pool),
