@@ -31,7 +31,8 @@ def study(cfg):
     rows = []
     for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
         run = functools.partial(likelihood_ratio, num_samples=size)
-        mae, rmse, bias = errors(replicate(run, key, s.reps, pi, mu, oracle, batch_size=s.batch_size).value, truth)
+        est = replicate(run, key, s.reps, pi, mu, oracle, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+        mae, rmse, bias = errors(est.value, truth)
         reference = math.sqrt(2 / math.pi) * math.sqrt(variance_r / size)
         rows.append({"N": size, "mae": mae, "rmse": rmse, "bias": bias, "gaussian_reference": reference, "reps": s.reps})
     fit = loglog_fit([r["N"] for r in rows], [r["mae"] for r in rows])

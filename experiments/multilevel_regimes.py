@@ -76,7 +76,7 @@ def study(cfg):
     for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
         fn = functools.partial(multilevel, schedule=schedule)
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
-            est = replicate(fn, sigma_key, s.reps, pi, mu, Noisy(sigma), batch_size=s.batch_size)
+            est = replicate(fn, sigma_key, s.reps, pi, mu, Noisy(sigma), batch_size=s.batch_size, fast_compile=cfg.fast_compile)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
                          "mae": mae, "rmse": rmse, "bias": bias, "reps": s.reps,
