@@ -218,7 +218,9 @@ def mixture(key, pi, mu, oracle=Exact(), num_per_side=2048, chunk=None):
 
 def check_schedule(schedule):
     repeats = check_repeats(schedule.repeats)
-    counts = tuple(check_positive_int("level size N_l", n, minimum=2) for n in schedule.num_samples)
+    # N_l = 1 is allowed (the paper's finest levels use it); such a level's within-side variance
+    # is 0 by construction, so its stderr contribution is a lower bound.
+    counts = tuple(check_positive_int("level size N_l", n) for n in schedule.num_samples)
     if len(counts) != len(repeats):
         raise ValueError(f"schedule has {len(counts)} level sizes but {len(repeats)} repeat counts")
     return Schedule(counts, repeats)
