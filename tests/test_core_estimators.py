@@ -219,6 +219,19 @@ def test_estimate_tv_exact_and_noisy():
     assert abs(float(noisy.value) - family("rare_escape_mismatch")[2]) < 0.1
 
 
+def test_interval_includes_the_extrapolated_top_level_bias():
+    from tvjax.api import confidence_interval, top_level_bias
+
+    levels = E.LevelStats(jnp.array([8, 32]), jnp.array([100.0, 50.0]), jnp.array([0.3, -0.01]), jnp.array([0.2, 0.01]), jnp.array([1.0, 1.0]))
+    assert float(top_level_bias(levels)) == pytest.approx(0.01 / (2 - 1))
+    est = E.Estimate(jnp.array(0.29), jnp.array(0.02), jnp.array(2.0), levels)
+    ci = confidence_interval(est, 0.1)
+    z = 1.6448536269514722
+    assert float(ci.ci_high - ci.value) == pytest.approx(z * 0.02 + 0.01, rel=1e-5)
+    single = E.Estimate(jnp.array(0.29), jnp.array(0.02), jnp.array(1.0), E.LevelStats(*(a[:1] for a in levels)))
+    assert float(confidence_interval(single, 0.1).bias) == 0.0
+
+
 def test_estimate_tv_sampler_on_small_instance():
     pi, mu, truth = family("tabular_top_k")
     result = tvjax.estimate_tv(KEY, pi, mu, access="sampler", eps=0.1, delta=0.2)

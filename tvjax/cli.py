@@ -19,7 +19,7 @@ def header(truth, delta):
             "Paper block instance (n=128, block_bits=12, p_active=0.4, alpha=0.49, seed 10)",
             f"true TV = {truth:.10g}",
             "",
-            f"{'access':<26} {'estimate':>9} {level:>17} {'stderr':>8} {'queries':>10} {'|error|':>8} {'time':>7}",
+            f"{'access':<26} {'estimate':>9} {level:>17} {'stderr':>8} {'bias':>8} {'queries':>10} {'|error|':>8} {'time':>7}",
         ]
     )
 
@@ -27,7 +27,7 @@ def header(truth, delta):
 def format_row(label, result, truth, seconds):
     ci = f"[{float(result.ci_low):.4f}, {float(result.ci_high):.4f}]"
     return (
-        f"{label:<26} {float(result.value):>9.4f} {ci:>17} {float(result.stderr):>8.4f} "
+        f"{label:<26} {float(result.value):>9.4f} {ci:>17} {float(result.stderr):>8.4f} {float(result.bias):>8.4f} "
         f"{float(result.queries):>10.3g} {abs(float(result.value) - truth):>8.4f} {seconds:>6.1f}s"
     )
 
