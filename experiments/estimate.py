@@ -30,6 +30,7 @@ def study(cfg):
         "stderr": float(interval.stderr),
         "ci_low": float(interval.ci_low),
         "ci_high": float(interval.ci_high),
+        "bias": float(interval.bias),
         "queries": float(interval.queries),
         "error": float(interval.value) - truth,
         "estimator": cfg.estimator.name,
