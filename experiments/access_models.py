@@ -30,7 +30,7 @@ def arms(s, n):
     def leveled(repeats):
         def make(budget):
             schedule = equal_share_schedule(budget, n, tuple(repeats))
-            return functools.partial(multilevel, schedule=schedule) if min(schedule.num_samples) >= 2 else None
+            return functools.partial(multilevel, schedule=schedule) if min(schedule.num_samples) >= 1 else None
 
         return make
 

@@ -45,7 +45,7 @@ def variance_ratios(z):
 
 def depth_schedules(repeats, base_sizes, scale):
     """{levels: Schedule} for 1..L levels at scale s: fewer levels drop the coarsest ones."""
-    sizes = [max(2, scale * b) for b in base_sizes]
+    sizes = [scale * b for b in base_sizes]
     return {d: Schedule(tuple(sizes[-d:]), tuple(repeats[-d:])) for d in range(1, len(repeats) + 1)}
 
 
