@@ -1,6 +1,10 @@
-"""The benchmark workloads through tvjax's public estimators: every repetition of a task runs inside
-one compiled program (`lax.map` over repetition keys), and every program is compiled ahead of the
-runs (`lower().compile()`), timed apart.
+"""The benchmark workloads through tvjax's public estimators, one compiled program per estimator
+and access model of a workload (convergence: 1; multilevel: 1; access: 3).
+
+Everything that differs between the tasks sharing a program is a runtime argument: level sizes,
+repeat counts, sigma, the number of repetitions (a loop over a padded key array) and, for
+multilevel schedules of different depths, empty padding levels (`pad_schedule`). Each program is
+compiled ahead of the runs (`lower().compile()`), timed apart.
 
 Run by benchmarks/run.py as `python tvjax_bench.py plan.json workload out.json`.
 """
@@ -8,54 +12,71 @@ Run by benchmarks/run.py as `python tvjax_bench.py plan.json workload out.json`.
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import tvjax
-from tvjax.estimators import Schedule
+from tvjax.estimators import Schedule, pad_schedule
 from measure import timed, worker_main
 
-
-def make_oracle(task):
-    if task["oracle"] == "noisy":
-        return tvjax.Noisy(task["sigma"])
-    return tvjax.Exact() if task["oracle"] == "exact" else tvjax.Sampler()
+ORACLES = {"exact": lambda sigma: tvjax.Exact(), "noisy": tvjax.Noisy, "sampler": lambda sigma: tvjax.Sampler()}
 
 
-def estimator(task, oracle):
-    """(key, pi, mu) -> Estimate of one repetition of the task."""
-    if task["estimator"] == "likelihood_ratio":
-        return lambda key, pi, mu: tvjax.likelihood_ratio(key, pi, mu, oracle, num_samples=task["num_samples"][0])
-    schedule = Schedule(tuple(task["num_samples"]), tuple(task["repeats"]))
-    return lambda key, pi, mu: tvjax.multilevel(key, pi, mu, oracle, schedule)
+def program_key(task):
+    return task["estimator"], task["oracle"], task["n"]
 
 
-def repetitions(task):
-    """(pair, keys) -> (values, per-level variances) of every repetition, one after another."""
-    one = estimator(task, make_oracle(task))
-
-    def run(pair, keys):
-        return jax.lax.map(lambda key: (lambda e: (e.value, e.levels.variance))(one(key, *pair)), keys)
-
-    return run
+def one_estimate(estimator, kind, key, pair, sigma, counts, repeats):
+    oracle = ORACLES[kind](sigma)
+    if estimator == "likelihood_ratio":
+        return tvjax.likelihood_ratio(key, *pair, oracle, num_samples=counts[0])
+    return tvjax.multilevel(key, *pair, oracle, Schedule(counts, repeats))
 
 
-def compile_task(pairs, task):
-    # The pair is an argument, not a closed-over constant: its arrays must not be folded into the program.
-    args = (pairs(task["n"]), jax.random.split(jax.random.key(task["seed"]), task["reps"]))
-    return jax.jit(repetitions(task)).lower(*args).compile(), args
+def repetitions(estimator, kind):
+    """(pair, keys [R], reps, sigma, counts [L], repeats [L]) -> values [R], level variances [R, L]
+    of the first `reps` repetitions (the rest stay zero)."""
+
+    def run(pair, keys, reps, sigma, counts, repeats):
+        def body(i, out):
+            e = one_estimate(estimator, kind, keys[i], pair, sigma, counts, repeats)
+            return out[0].at[i].set(e.value), out[1].at[i].set(e.levels.variance)
+
+        zeros = (jnp.zeros(keys.shape[0]), jnp.zeros((keys.shape[0], counts.shape[0])))
+        return jax.lax.fori_loop(0, reps, body, zeros)
+
+    return jax.jit(run)
+
+
+def arguments(pairs, task, max_reps, levels):
+    """The task as runtime arguments of its workload's program."""
+    counts, repeats = pad_schedule(Schedule(task["num_samples"], task["repeats"]), levels)
+    keys = jax.random.split(jax.random.key(task["seed"]), max_reps)
+    return (pairs(task["n"]), keys, task["reps"], np.float32(task["sigma"]), np.asarray(counts, np.int32),
+            np.asarray(repeats, np.int32))
 
 
 def prepare(pairs, tasks):
-    """Compile every task's program ahead of the runs."""
-    return [compile_task(pairs, task) for task in tasks]
+    """Compile one program per (estimator, access model, n) of the workload, ahead of the runs."""
+    groups = {}
+    for task in tasks:
+        groups.setdefault(program_key(task), []).append(task)
+    programs = {}
+    for (estimator, kind, n), members in groups.items():
+        shape = (max(t["reps"] for t in members), max(len(t["repeats"]) for t in members))
+        args = arguments(pairs, members[0], *shape)
+        programs[estimator, kind, n] = repetitions(estimator, kind).lower(*args).compile(), shape
+    return [(programs[program_key(task)], task, pairs) for task in tasks]
 
 
-def run_task(compiled, task):
-    program, args = compiled
+def run_task(runnable, task):
+    (program, shape), _, pairs = runnable
+    args = arguments(pairs, task, *shape)
     (values, variances), seconds = timed(lambda: jax.block_until_ready(program(*args)))
-    level_variance = np.mean(np.asarray(variances), axis=0).tolist()
-    return {"label": task["label"], "run": seconds, "reps_run": task["reps"],
-            "values": np.asarray(values).tolist(), "level_variance": level_variance}
+    reps, levels = task["reps"], len(task["repeats"])
+    level_variance = np.mean(np.asarray(variances)[:reps, :levels], axis=0).tolist()
+    return {"label": task["label"], "run": seconds, "reps_run": reps,
+            "values": np.asarray(values)[:reps].tolist(), "level_variance": level_variance}
 
 
 def setup(plan):

@@ -1,6 +1,7 @@
 """Estimators against ground truth (|estimate - truth| < 4 stderr on fixed seeds), oracles' laws,
 query accounting, jit/vmap on the public functions, and bad input."""
 
+import dataclasses
 import functools
 import math
 
@@ -144,6 +145,56 @@ def test_nested_draws_match_explicit_averages():
             np.testing.assert_allclose(np.percentile(direct[:, column], levels), np.percentile(explicit, levels), atol=0.03)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Unhinted:
+    """A process with its `stochastic_positions` hidden: oracles then draw at every position."""
+
+    inner: object
+
+    n = property(lambda self: self.inner.n)
+    vocab_size = property(lambda self: self.inner.vocab_size)
+
+    def sample(self, key, num):
+        return self.inner.sample(key, num)
+
+    def path_logprobs(self, tokens):
+        return self.inner.path_logprobs(tokens)
+
+
+def test_block_instance_is_deterministic_outside_its_stochastic_positions():
+    pi, mu, _ = family("block")
+    off_path = jax.random.bernoulli(KEY, 0.5, (500, pi.n)).astype(jnp.int32)
+    tokens = jnp.concatenate([pi.sample(KEY, 500), mu.sample(KEY, 500), off_path])
+    fixed = np.setdiff1d(np.arange(pi.n), pi.stochastic_positions)
+    for process in (pi, mu):
+        logp = np.asarray(process.path_logprobs(tokens))[:, fixed]
+        assert np.all((logp == 0) | np.isneginf(logp))
+        assert np.isneginf(logp).any() and (logp == 0).all(axis=1).any()
+
+
+def bootstrap_quantile_se(x, levels, rng, resamples=40):
+    picks = rng.integers(0, len(x), (resamples, len(x)))
+    return np.std([np.percentile(x[i], levels) for i in picks], axis=0)
+
+
+@pytest.mark.parametrize("oracle", [Noisy(0.5), Sampler()], ids=["noisy", "sampler"])
+def test_skipping_deterministic_positions_keeps_the_law_of_the_averages(oracle):
+    """Drawing only at the declared stochastic positions gives path log-probs of the same law as
+    drawing everywhere (quantiles within 4 bootstrap standard errors)."""
+    pi, mu, _ = family("block")
+    tokens = jnp.concatenate([pi.sample(KEY, 4000), mu.sample(jax.random.PRNGKey(3), 4000)])
+    levels = [10, 25, 50, 75, 90]
+    rng = np.random.default_rng(0)
+    for model in (pi, mu):
+        hinted = np.asarray(oracle.nested_path_logprobs(jax.random.PRNGKey(5), model, tokens, (2, 16)))
+        everywhere = np.asarray(oracle.nested_path_logprobs(jax.random.PRNGKey(6), Unhinted(model), tokens, (2, 16)))
+        for column in range(2):
+            a, b = hinted[:, column], everywhere[:, column]
+            se = np.hypot(bootstrap_quantile_se(a, levels, rng), bootstrap_quantile_se(b, levels, rng))
+            np.testing.assert_array_less(np.abs(np.percentile(a, levels) - np.percentile(b, levels)), 4 * se + 1e-6)
+
+
 def test_draw_distributions_marginals():
     pi, _, _ = family("tabular_top_k")
     tokens = pi.sample(KEY, 256)
@@ -277,6 +328,47 @@ def test_oracle_parameters_are_traceable():
     sigmas = jnp.array([0.0, 0.1, 0.4])
     values = jax.vmap(lambda s: E.plugin(KEY, pi, mu, Noisy(s), num_per_side=64, repeats=2).value)(sigmas)
     assert values.shape == (3,) and np.all(np.isfinite(np.asarray(values)))
+
+
+# --------------------------------------------------------------------------- one program per estimator
+
+
+def test_sizes_are_runtime_values_so_a_sweep_compiles_once():
+    pi, mu, _ = family("block")
+    before = E._multilevel._cache_size(), E._one_sided_estimate._cache_size()
+    for scale in (1, 2, 3):
+        E.multilevel(KEY, pi, mu, Noisy(0.3), E.Schedule((64 * scale, 16 * scale), (2, 8)), chunk=64)
+        E.likelihood_ratio(KEY, pi, mu, num_samples=100 * scale, chunk=64)
+    after = E._multilevel._cache_size(), E._one_sided_estimate._cache_size()
+    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
+
+
+def test_traced_sizes_give_the_numbers_of_concrete_ones():
+    pi, mu, _ = family("tabular_top_k")
+    concrete = E.likelihood_ratio(KEY, pi, mu, num_samples=300, chunk=64)
+    traced = jax.jit(lambda n: E.likelihood_ratio(KEY, pi, mu, num_samples=n, chunk=64))(300)
+    np.testing.assert_allclose(float(traced.value), float(concrete.value), rtol=1e-6)
+    schedule = E.Schedule((96, 24), (2, 8))
+    concrete = E.multilevel(KEY, pi, mu, Sampler(), schedule, chunk=64)
+    traced = jax.jit(lambda c, r: E.multilevel(KEY, pi, mu, Sampler(), E.Schedule(c, r), chunk=64))(
+        jnp.asarray(schedule.num_samples), jnp.asarray(schedule.repeats))
+    np.testing.assert_allclose(float(traced.value), float(concrete.value), rtol=1e-6)
+
+
+def test_padding_levels_change_nothing_but_the_shape():
+    pi, mu, _ = family("block")
+    schedule = E.Schedule((80, 20, 5), (2, 8, 32))
+    plain = E.multilevel(KEY, pi, mu, Noisy(0.3), schedule, chunk=64)
+    padded = E.multilevel(KEY, pi, mu, Noisy(0.3), E.pad_schedule(schedule, 6), chunk=64)
+    np.testing.assert_allclose([float(padded.value), float(padded.stderr), float(padded.queries)],
+                               [float(plain.value), float(plain.stderr), float(plain.queries)], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(padded.levels.num_samples), [160, 40, 10, 0, 0, 0])
+    with pytest.raises(ValueError, match="trailing padding"):
+        E.multilevel(KEY, pi, mu, Noisy(0.3), E.Schedule((80, 0, 5), (2, 8, 32)))
+    with pytest.raises(ValueError, match="padding levels"):
+        E.multilevel(KEY, pi, mu, Noisy(0.3), E.Schedule((80, 20, 0), (2, 8, 64)))
+    with pytest.raises(ValueError, match="cannot pad"):
+        E.pad_schedule(schedule, 2)
 
 
 # --------------------------------------------------------------------------- bad input

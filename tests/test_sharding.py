@@ -1,5 +1,5 @@
-"""The trajectory axis shards across devices: two forced host devices give the numbers of one
-device for the same key (up to the order of float sums)."""
+"""The trajectory axis shards across devices: two forced host devices give the numbers of a
+one-device mesh for the same key (up to the order of float sums)."""
 
 import json
 import os
@@ -28,9 +28,11 @@ SCRIPT = textwrap.dedent(
         "plugin_kl": lambda: tvjax.plugin_kl(key, tab_pi, tab_mu, num_samples=200),
     }
     mesh = trajectory_mesh()
+    one_device = trajectory_mesh(jax.devices()[:1])
     out = {"devices": len(mesh.devices.flat)}
     for name, run in runs.items():
-        single = run()
+        with jax.set_mesh(one_device):
+            single = run()
         with jax.set_mesh(mesh):
             sharded = run()
         out[name] = [np.concatenate([np.ravel(x) for x in jax.tree.leaves(r)]).tolist() for r in (single, sharded)]

@@ -49,16 +49,25 @@ class BlockProcess:
     vocab_size: int = 2
     max_support: int = 2
 
+    @property
+    def stochastic_positions(self):
+        """The block bits and the final bit; on the hidden path every conditional is 0 or 1."""
+        return tuple(range(self.block_bits)) + (self.n - 1,)
+
     def _block(self, tokens):
         return _bits_to_int(tokens[:, : self.block_bits])
 
     def sample(self, key, num):
-        key_block, key_final = jax.random.split(key)
-        u_bits = jax.random.bernoulli(key_block, 0.5, (num, self.block_bits)).astype(jnp.int32)
-        u = _bits_to_int(u_bits)
+        # Two random words per trajectory: the block's bits are the top bits of the first (uniform
+        # over blocks), the final bit compares the second's top 24 bits, a uniform on [0, 1), to p1.
+        words = jax.random.bits(key, (2 * num,), jnp.uint32).reshape(num, 2)
+        u = (words[:, 0] >> (32 - self.block_bits)).astype(jnp.int32)
+        shifts = jnp.arange(self.block_bits - 1, -1, -1, dtype=jnp.int32)
+        u_bits = (u[:, None] >> shifts) & 1
         path = jnp.asarray(self.hidden_paths)[u].astype(jnp.int32)
         p1 = jnp.asarray(self.final_p1, jnp.float32)[u]
-        final = jax.random.bernoulli(key_final, p1).astype(jnp.int32)[:, None]
+        uniform = (words[:, 1] >> 8).astype(jnp.float32) * 2.0**-24
+        final = (uniform < p1).astype(jnp.int32)[:, None]
         return jnp.concatenate([u_bits, path, final], axis=1)
 
     def path_logprobs(self, tokens):

@@ -40,20 +40,41 @@ def _increments(repeats):
     return repeats, np.diff((0,) + repeats)
 
 
+def _columns(a, positions):
+    """a[:, positions] for static positions, as slices of consecutive runs: XLA's CPU gather costs
+    about 100 ns per row here, slices nothing."""
+    positions = np.asarray(positions, int)
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    runs = [(run[0], run[-1] + 1) for run in np.split(positions, breaks)]
+    return jnp.concatenate([a[:, start:stop] for start, stop in runs], axis=1)
+
+
+def _flat_draw(draw, key, shape):
+    """draw(key, [size]) reshaped to `shape`: XLA's CPU random kernels run 3x slower on a narrow
+    trailing axis (13 stochastic positions) than on one flat axis."""
+    return draw(key, (int(np.prod(shape)),)).reshape(shape)
+
+
 def _realized_probs(process, tokens):
     return jnp.exp(process.path_logprobs(tokens))
 
 
 class _Oracle:
-    """Shared driver. Subclasses give `_prepare(process, tokens)` (what the draws need) and
+    """Shared driver. Subclasses give `_prepare(process, tokens, logp, select)` (what the draws
+    need, from the realized log-probs `logp` at the selected positions; `select` picks those
+    positions' columns of a [num, n, ...] array) and
     `_draw_sum(key, state, tokens, count)`: the sum of `count` realized-token probability draws
     [num, n], with `count` possibly traced (0 allowed)."""
 
     floor = 0.0
+    # Rows per chunk when an estimator's sizes are traced: padding wastes at most one chunk per
+    # side, and each loop step costs tens of microseconds, so cheap rows want longer chunks.
+    traced_chunk_rows = 256
 
     @staticmethod
     def queries(num_trajectories, n, repeats):
-        return int(num_trajectories) * int(n) * int(repeats)
+        """n * r queries per trajectory; float, since sizes may be traced and counts pass 2**31."""
+        return jnp.asarray(num_trajectories, jnp.float32) * float(n) * jnp.asarray(repeats, jnp.float32)
 
     @staticmethod
     def row_size(process):
@@ -63,26 +84,60 @@ class _Oracle:
     def _path(self, total, repeats):
         return jnp.sum(log_clipped_mean(total, repeats, self.floor), axis=-1)
 
+    def _stochastic(self, process, tokens):
+        """(draw state, tokens, fixed [num]) restricted to the positions where a draw can be random.
+
+        A process may declare `stochastic_positions` (static indices outside which every
+        conditional is 0 or 1 for any prefix). There a draw is exactly p, so those positions add
+        the constant log(clip(p)) to every average and need no random numbers: on the paper's
+        block instance 13 of 128 positions draw."""
+        logp = process.path_logprobs(tokens)
+        positions = getattr(process, "stochastic_positions", None)
+        if positions is None:
+            return self._prepare(process, tokens, logp, lambda a: a), tokens, jnp.zeros(tokens.shape[0])
+        fixed = _columns(logp, np.setdiff1d(np.arange(process.n), positions))
+        if self.floor > 0:
+            fixed = jnp.maximum(fixed, jnp.log(self.floor))
+        select = lambda a: _columns(a, positions)
+        return self._prepare(process, tokens, select(logp), select), select(tokens), jnp.sum(fixed, axis=-1)
+
     def nested_path_logprobs(self, key, process, tokens, repeats):
         """[num, L]: column l is sum_i log(mean of the first repeats[l] draws); nested draws."""
         repeats, increments = _increments(repeats)
-        state = self._prepare(process, tokens)
+        state, tokens, fixed = self._stochastic(process, tokens)
         total = jnp.zeros(tokens.shape)
         columns = []
         for level_key, r, extra in zip(jax.random.split(key, len(repeats)), repeats, increments):
             total = total + self._draw_sum(level_key, state, tokens, int(extra))
-            columns.append(self._path(total, r))
+            columns.append(fixed + self._path(total, r))
         return jnp.stack(columns, axis=-1)
 
-    def coupled_path_logprobs(self, key, process, tokens, coarse, fine):
-        """[num, 2]: path log-probs of the coarse (first `coarse` draws) and fine (first `fine`
-        draws) averages, sharing draws. `coarse`, `fine` may be traced; coarse = 0 gives an unused
-        first column."""
-        state = self._prepare(process, tokens)
-        key_coarse, key_fine = jax.random.split(key)
-        total_coarse = self._draw_sum(key_coarse, state, tokens, coarse)
-        total_fine = total_coarse + self._draw_sum(key_fine, state, tokens, fine - coarse)
-        return jnp.stack([self._path(total_coarse, jnp.maximum(coarse, 1)), self._path(total_fine, fine)], -1)
+    def coupled_path_logprobs(self, key, models, tokens, coarse, fine):
+        """One [num, 2] array per model: path log-probs of the coarse (first `coarse` draws) and
+        fine (first `fine` draws) averages, nested, independent between models. `coarse` and
+        `fine` may be traced, scalars or per row ([num, 1]); coarse = 0 gives an unused first
+        column. Every draw of every model comes from one random call: on XLA's CPU each call
+        costs tens of microseconds whatever its size."""
+        parts = [self._stochastic(process, tokens) for process in models]
+        tokens = parts[0][1]
+        states = [state for state, _, _ in parts]
+
+        def draw(counts):
+            # [models, len(counts), num, positions]: sums of counts[j] draws, one random call.
+            full = (len(models), len(counts)) + tokens.shape
+            count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, tokens.shape) for c in counts]), full)
+            state = jax.tree.map(lambda *a: jnp.broadcast_to(jnp.stack(a)[:, None], full + a[0].shape[2:]), *states)
+            return self._draw_sum(key, state, jnp.broadcast_to(tokens, full), count)
+
+        fine_only = lambda: jnp.concatenate([jnp.zeros((len(models), 1) + tokens.shape), draw([fine])], axis=1)
+        if is_concrete(coarse) and np.all(np.asarray(coarse) == 0):
+            sums = fine_only()
+        else:  # no coarse draws either where no row of the chunk has a coarse average (first level)
+            sums = jax.lax.cond(jnp.any(coarse > 0), lambda: draw([coarse, fine - coarse]), fine_only)
+        total_coarse = sums[:, 0]
+        total_fine = total_coarse + sums[:, 1]
+        columns = jnp.stack([self._path(total_coarse, jnp.maximum(coarse, 1)), self._path(total_fine, fine)], -1)
+        return [fixed[:, None] + column for (_, _, fixed), column in zip(parts, columns)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,15 +145,16 @@ class Exact(_Oracle):
     """Exact prefix logits: every repeat returns the true probability."""
 
     floor: float = 0.0
+    traced_chunk_rows = 1024
 
     def nested_path_logprobs(self, key, process, tokens, repeats):
         repeats = check_repeats(repeats)
         path = jnp.sum(process.path_logprobs(tokens), axis=-1)
         return jnp.repeat(path[:, None], len(repeats), axis=1)
 
-    def coupled_path_logprobs(self, key, process, tokens, coarse, fine):
-        path = jnp.sum(process.path_logprobs(tokens), axis=-1)
-        return jnp.stack([path, path], axis=-1)
+    def coupled_path_logprobs(self, key, models, tokens, coarse, fine):
+        paths = [jnp.sum(process.path_logprobs(tokens), axis=-1) for process in models]
+        return [jnp.stack([path, path], axis=-1) for path in paths]
 
     def draw_probs(self, key, process, tokens, num_draws):
         p = _realized_probs(process, tokens)
@@ -119,14 +175,14 @@ class Noisy(_Oracle):
     def __post_init__(self):
         _check_parameter("sigma", self.sigma)
 
-    def _prepare(self, process, tokens):
-        p = _realized_probs(process, tokens)
+    def _prepare(self, process, tokens, logp, select):
+        p = jnp.exp(logp)
         return p, self.sigma * jnp.sqrt(p * (1.0 - p))
 
     def _draw_sum(self, key, state, tokens, count):
         # The sum of `count` independent Gaussian draws, drawn directly: N(count p, count sd^2).
         p, sd = state
-        return count * p + sd * jnp.sqrt(count) * jax.random.normal(key, p.shape)
+        return count * p + sd * jnp.sqrt(count) * _flat_draw(jax.random.normal, key, p.shape)
 
     def draw_probs(self, key, process, tokens, num_draws):
         p = _realized_probs(process, tokens)[..., None]
@@ -152,11 +208,12 @@ class Sampler(_Oracle):
 
     floor: float = LOG_FLOOR
 
-    def _prepare(self, process, tokens):
-        return _realized_probs(process, tokens)
+    def _prepare(self, process, tokens, logp, select):
+        return jnp.exp(logp)
 
     def _draw_sum(self, key, p, tokens, count):
-        return jax.random.binomial(key, count, p).astype(p.dtype)
+        count = jnp.broadcast_to(count, p.shape).reshape(-1)
+        return _flat_draw(lambda k, shape: jax.random.binomial(k, count, p.reshape(shape)), key, p.shape).astype(p.dtype)
 
     def draw_probs(self, key, process, tokens, num_draws):
         p = _realized_probs(process, tokens)[..., None]
@@ -187,16 +244,18 @@ class LogitNoise(_Oracle):
     def row_size(process):
         return process.n * process.vocab_size
 
-    def _prepare(self, process, tokens):
-        return process.next_token_logprobs(tokens)
+    def _prepare(self, process, tokens, logp, select):
+        return select(process.next_token_logprobs(tokens))
 
     def _one_draw(self, key, logprobs, tokens):
         noisy = jax.nn.log_softmax(logprobs + self.scale * jax.random.normal(key, logprobs.shape), -1)
         return jnp.exp(jnp.take_along_axis(noisy, tokens[..., None], axis=-1)[..., 0])
 
     def _draw_sum(self, key, logprobs, tokens, count):
-        body = lambda j, acc: acc + self._one_draw(jax.random.fold_in(key, j), logprobs, tokens)
-        return jax.lax.fori_loop(0, count, body, jnp.zeros(tokens.shape))
+        # `count` may differ per row ([num, 1]): run to the largest and keep draw j where j < count.
+        count = jnp.broadcast_to(count, tokens.shape)
+        body = lambda j, acc: acc + jnp.where(j < count, self._one_draw(jax.random.fold_in(key, j), logprobs, tokens), 0.0)
+        return jax.lax.fori_loop(0, jnp.max(count), body, jnp.zeros(tokens.shape))
 
     def draw_probs(self, key, process, tokens, num_draws):
         logprobs = process.next_token_logprobs(tokens)
