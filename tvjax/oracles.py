@@ -170,6 +170,7 @@ class Noisy(_Oracle):
     """Gaussian noisy prefix distribution with relative variance sigma^2 (paper B.2)."""
 
     sigma: float = 0.0
+    traced_chunk_rows = 1024
     floor: float = LOG_FLOOR
 
     def __post_init__(self):
