@@ -107,6 +107,7 @@ def build(quick, numpy_query_cap, instance_file):
                  "access": access(cfg["access"]), "scaling": scaling(cfg["scaling"])}
     for tasks in workloads.values():
         for t in tasks:
-            t["numpy_reps"] = min(t["reps"], max(1, int(numpy_query_cap // t["queries"])))
+            capped = math.isfinite(numpy_query_cap)
+            t["numpy_reps"] = min(t["reps"], max(1, int(numpy_query_cap // t["queries"]))) if capped else t["reps"]
     return {"instance": INSTANCE, "instance_file": str(instance_file), "true_tv": tvjax.exact_tv(pi, mu),
             "quick": quick, "workloads": workloads}

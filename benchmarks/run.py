@@ -12,6 +12,7 @@ unless --out).
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -101,8 +102,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="CI-sized workloads")
     parser.add_argument("--workloads", nargs="+", default=list(COMPARED) + ["scaling"])
     parser.add_argument("--implementations", nargs="+", default=list(IMPLEMENTATIONS), choices=list(IMPLEMENTATIONS))
-    parser.add_argument("--numpy-query-cap", type=float, default=2e8,
-                        help="NumPy runs at most this many queries per task; more repetitions are extrapolated")
+    parser.add_argument("--numpy-query-cap", type=float, default=math.inf,
+                        help="NumPy runs at most this many queries per task (default: all); more repetitions are "
+                             "extrapolated, and NumPy's peak memory is then that of the smaller run")
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args(argv)
     results = {"workloads": {}}
@@ -128,7 +130,8 @@ def main(argv=None):
                    note="* = NumPy repetitions beyond --numpy-query-cap extrapolated linearly from the measured ones")
     Path(args.out).write_text(json.dumps(results, indent=1))
     print("speedup = NumPy / tvjax CPU seconds, whole process; run spd: runs only; mem: peak RSS fraction")
-    print(f"* NumPy time extrapolated from a subset of repetitions (cap {args.numpy_query_cap:.0e} queries per task)")
+    if math.isfinite(args.numpy_query_cap):
+        print(f"* NumPy time extrapolated from a subset of repetitions (cap {args.numpy_query_cap:.0e} queries per task)")
     print(f"wrote {args.out}")
 
 

@@ -7,30 +7,30 @@ sample-only access use Algorithm 3 with fixed repeat levels, each level taking a
 the budget. RMSE over `reps` repetitions; the x axis is the queries actually spent.
 """
 
-import functools
-
 import hydra
 import jax
 import matplotlib.pyplot as plt
+import numpy as np
 from tqdm import tqdm
 
-from tvjax.estimators import likelihood_ratio, multilevel
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import StudyResult, build_pair, equal_share_schedule, errors, replicate, run_study, study_config
+from tvjax.sweeps import StudyResult, build_pair, equal_share_schedule, errors, replicate, run_study, sized, study_config
 
 
 def arms(s, n):
-    """(label, oracle, budget -> estimator fn or None when the budget is too small)."""
+    """(label, oracle, budget -> (estimator fn, its sizes) or None when the budget is too small).
+    Sizes are runtime arguments (`sized`): each arm compiles once for all its budgets."""
 
     def exact(budget):
         num = int(budget // (3 * n))
-        return functools.partial(likelihood_ratio, num_samples=num) if num >= 2 else None
+        return (sized("likelihood_ratio"), (num,)) if num >= 2 else None
 
     def leveled(repeats):
         def make(budget):
             schedule = equal_share_schedule(budget, n, tuple(repeats))
-            return functools.partial(multilevel, schedule=schedule) if min(schedule.num_samples) >= 1 else None
+            sizes = tuple(np.asarray(part, np.int32) for part in schedule)
+            return (sized("multilevel"), sizes) if min(schedule.num_samples) >= 1 else None
 
         return make
 
@@ -47,8 +47,8 @@ def study(cfg):
     jobs = [(label, oracle, budget, make(budget)) for label, oracle, make in arms(s, pi.n) for budget in s.budgets]
     jobs = [job for job in jobs if job[3] is not None]
     rows = []
-    for (label, oracle, budget, fn), key in zip(tqdm(jobs, desc="access models"), jax.random.split(jax.random.key(cfg.seed), len(jobs))):
-        est = replicate(fn, key, s.reps, pi, mu, oracle, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+    for (label, oracle, budget, (fn, sizes)), key in zip(tqdm(jobs, desc="access models"), jax.random.split(jax.random.key(cfg.seed), len(jobs))):
+        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         rows.append({"arm": label, "budget": budget, "queries": float(est.queries[0]), "rmse": rmse, "mae": mae,
                      "bias": bias, "reps": s.reps})

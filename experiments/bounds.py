@@ -10,7 +10,6 @@ the needed budget on log-log axes are printed next to the exponents of the theor
 grid: exact n/eps^2, noisy (n + n^2 sigma^2)/eps^2, sampler n^2 K/eps^2 (eps enters as 1/eps).
 """
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -20,12 +19,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
-from tvjax import estimators
 from tvjax.api import relative_noise
 from tvjax.estimators import paper_schedule
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import ConfigError, StudyResult, build_pair, errors, loglog_fit, replicate, run_study, study_config
+from tvjax.sweeps import ConfigError, StudyResult, build_pair, errors, loglog_fit, replicate, run_study, sized, study_config
 
 PAPER = {"exact": "likelihood_ratio", "noisy": "multilevel", "sampler": "sample_only"}
 BASELINES = {"exact": ("plugin_kl", "k3_pinsker"), "noisy": ("plugin_top_level", "naive_noisy_plugin"),
@@ -57,16 +55,17 @@ def needed_scale(values, truth, eps, scale):
 
 
 def estimator_fn(access, name, p, pi, mu, scale):
-    """(fn(key, pi, mu, oracle) with static sizes, oracle) for one estimator at point p."""
+    """(fn(key, pi, mu, oracle, *sizes), sizes, oracle) for one estimator at point p; the sizes
+    are runtime arguments (`sized`), so the points of a grid at one n share compiled programs."""
     oracle = {"exact": Exact(), "noisy": Noisy(p.sigma), "sampler": Sampler()}[access]
     single = max(2, math.ceil(scale / p.eps**2))
     if name in ("likelihood_ratio", "plugin_kl", "k3_pinsker", "naive_noisy_plugin"):
-        return functools.partial(getattr(estimators, name), num_samples=single), oracle
+        return sized(name), (single,), oracle
     schedule = paper_schedule(p.eps, relative_noise(oracle, pi, mu), p.n, budget_constant=scale)
     if name in ("multilevel", "sample_only"):
-        return functools.partial(estimators.multilevel, schedule=schedule), oracle
+        return sized("multilevel"), tuple(np.asarray(part, np.int32) for part in schedule), oracle
     # plugin_top_level: one level at the paper schedule's finest r (no multilevel telescoping).
-    return functools.partial(estimators.plugin, num_per_side=single, repeats=schedule.repeats[-1]), oracle
+    return sized("plugin"), (single, schedule.repeats[-1]), oracle
 
 
 def grid_points(s):
@@ -94,8 +93,8 @@ def study(cfg):
     for (access, axis, value, p, name), key in zip(tqdm(jobs, desc="bounds"), keys):
         pi, mu = instance_at(cfg.instance, p)
         truth = exact_tv(pi, mu)
-        fn, oracle = estimator_fn(access, name, p, pi, mu, s.pilot_scale)
-        est = replicate(fn, key, s.reps, pi, mu, oracle, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+        fn, sizes, oracle = estimator_fn(access, name, p, pi, mu, s.pilot_scale)
+        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
         scale = needed_scale(est.value, truth, p.eps, s.pilot_scale)
         rows.append({"access": access, "axis": axis, "x": 1 / value if axis == "eps" else value, **p._asdict(),
                      "estimator": name, "paper": name == PAPER[access], "truth": truth,

@@ -7,7 +7,6 @@ For each N: mean absolute error of the likelihood-ratio estimator over `reps` re
 least-squares slope of log MAE against log N (theory -0.5; paper -0.493).
 """
 
-import functools
 import math
 
 import hydra
@@ -18,7 +17,7 @@ from tqdm import tqdm
 
 from tvjax.estimators import likelihood_ratio
 from tvjax.instances import exact_tv
-from tvjax.sweeps import StudyResult, build_oracle, build_pair, errors, loglog_fit, replicate, run_study, study_config
+from tvjax.sweeps import StudyResult, build_oracle, build_pair, errors, loglog_fit, replicate, run_study, sized, study_config
 
 
 def study(cfg):
@@ -30,8 +29,8 @@ def study(cfg):
     variance_r = float(likelihood_ratio(key_var, pi, mu, oracle, num_samples=s.variance_samples).levels.variance[0])
     rows = []
     for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
-        run = functools.partial(likelihood_ratio, num_samples=size)
-        est = replicate(run, key, s.reps, pi, mu, oracle, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+        est = replicate(sized("likelihood_ratio"), key, s.reps, pi, mu, oracle, size, batch_size=s.batch_size,
+                        fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         reference = math.sqrt(2 / math.pi) * math.sqrt(variance_r / size)
         rows.append({"N": size, "mae": mae, "rmse": rmse, "bias": bias, "gaussian_reference": reference, "reps": s.reps})

@@ -19,10 +19,10 @@ import numpy as np
 from tqdm import tqdm
 
 from tvjax.currency import mixture_z
-from tvjax.estimators import Schedule, multilevel
+from tvjax.estimators import Schedule, pad_schedule
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, study_config
+from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, sized, study_config
 
 
 @functools.partial(jax.jit, static_argnames=("repeats", "num"))
@@ -74,9 +74,11 @@ def study(cfg):
         jobs.append((f"single r={repeats[-1]} at 2-level budget", scale, matched_single_level(schedules[2], pi.n, repeats[-1])))
     keys = jax.random.split(key_mae, len(jobs))
     for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
-        fn = functools.partial(multilevel, schedule=schedule)
+        # Padded to the deepest schedule: every job runs in one compiled program.
+        sizes = [np.asarray(part, np.int32) for part in pad_schedule(schedule, len(repeats))]
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
-            est = replicate(fn, sigma_key, s.reps, pi, mu, Noisy(sigma), batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+            est = replicate(sized("multilevel"), sigma_key, s.reps, pi, mu, Noisy(sigma), *sizes, batch_size=s.batch_size,
+                            fast_compile=cfg.fast_compile)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
                          "mae": mae, "rmse": rmse, "bias": bias, "reps": s.reps,

@@ -7,7 +7,6 @@ each side behind an independent noisy oracle (true TV 0: the estimate is pure no
 0 as r grows) and (b) the instance's pair (levels off at the true TV).
 """
 
-import functools
 
 import hydra
 import jax
@@ -15,10 +14,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.estimators import plugin
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.sweeps import StudyResult, build_pair, errors, replicate, run_study, study_config
+from tvjax.sweeps import StudyResult, build_pair, errors, replicate, run_study, sized, study_config
 
 
 def study(cfg):
@@ -28,11 +26,11 @@ def study(cfg):
     rows = []
     keys = jax.random.split(jax.random.key(cfg.seed), len(s.repeats))
     for r, key in zip(tqdm(s.repeats, desc="self-noise r"), keys):
-        fn = functools.partial(plugin, num_per_side=s.num_per_side, repeats=r)
         subkeys = iter(jax.random.split(key, len(s.sigmas) * len(pairs)))
         for sigma in s.sigmas:
             for label, (a, b, truth) in pairs.items():
-                values = replicate(fn, next(subkeys), s.reps, a, b, Noisy(sigma), batch_size=s.batch_size, fast_compile=cfg.fast_compile).value
+                values = replicate(sized("plugin"), next(subkeys), s.reps, a, b, Noisy(sigma), s.num_per_side, r,
+                                   batch_size=s.batch_size, fast_compile=cfg.fast_compile).value
                 _, rmse, bias = errors(values, truth)
                 rows.append({"pair": label, "sigma": sigma, "r": r, "truth": truth, "mean": float(np.mean(values)),
                              "std": float(np.std(values, ddof=1)), "bias": bias, "rmse": rmse, "reps": s.reps})

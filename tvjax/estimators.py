@@ -11,7 +11,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.oracles import Exact, Sampler
