@@ -14,7 +14,7 @@ EPS_GRID = (0.5, 0.35, 0.25, 0.18, 0.125, 0.09, 0.0625, 0.044, 0.03125)
 FULL = {
     "convergence": {"reps": 512, "sizes": [2**k for k in range(5, 15)]},
     "multilevel": {"reps": 24, "sigmas": [0.04, 0.5, 0.8], "repeats": [1, 8, 32, 256],
-                   "base": [171, 30, 8, 1], "scales": [2, 4, 8, 16, 32], "ratio_samples": 4096},
+                   "base": [171, 30, 8, 1], "scales": [1, 2, 4, 8, 16, 32], "ratio_samples": 4096},
     "access": {"reps": 64, "sigmas": [0.04, 0.16, 0.5], "budgets": [1e5, 1e6, 1e7, 1e8]},
     "scaling": {"sizes": [2**k for k in range(10, 19, 2)], "lengths": [32, 128, 512, 2048],
                 "repeats": [1, 16, 256, 4096], "num": 4096},
@@ -22,7 +22,7 @@ FULL = {
 QUICK = {
     "convergence": {"reps": 16, "sizes": [2**k for k in range(5, 12)]},
     "multilevel": {"reps": 2, "sigmas": [0.04, 0.5, 0.8], "repeats": [1, 8, 32, 256],
-                   "base": [171, 30, 8, 1], "scales": [2, 4], "ratio_samples": 512},
+                   "base": [171, 30, 8, 1], "scales": [1, 2], "ratio_samples": 512},
     "access": {"reps": 2, "sigmas": [0.04, 0.16, 0.5], "budgets": [1e5, 1e6]},
     "scaling": {"sizes": [2**10, 2**12], "lengths": [32, 128], "repeats": [1, 16], "num": 512},
 }
