@@ -31,6 +31,7 @@ _EXPORTS = {
     "LevelStats": "tvjax.estimators",
     "Schedule": "tvjax.estimators",
     "paper_schedule": "tvjax.estimators",
+    "pad_schedule": "tvjax.estimators",
     "likelihood_ratio": "tvjax.estimators",
     "mixture": "tvjax.estimators",
     "plugin": "tvjax.estimators",
