@@ -6,7 +6,7 @@ At each sigma: rho_l = Var(Z_{r_l} - Z_{r_{l-1}}) / Var(Z_{r_l}) between consecu
 same trajectories with nested draws (ratio_trajectories per side), and the mean absolute error of
 Algorithm 3 against its query budget over `reps` repetitions for 1..L levels (N_l = s * base_sizes;
 fewer levels drop the coarsest), plus a single level at the finest r given the two-level budget.
-Level sizes below 2 (s * 1 at s = 1) are raised to 2, the smallest the core estimator accepts.
+Every schedule is padded to the deepest one's length, so the study compiles one program.
 """
 
 import functools
