@@ -199,16 +199,10 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
     )
 
 
-def _size(name, value, minimum=2):
-    """A trajectory count: checked when concrete; a traced one passes through (checked by the caller)."""
-    if is_concrete(value):
-        return check_positive_int(name, value, minimum=minimum)
-    return value
-
-
 def _checked(pi, mu, num, name="num_samples"):
+    """The pair and a trajectory count, checked; a traced count passes through (its caller checked it)."""
     check_pair(pi, mu)
-    return _size(name, num)
+    return check_positive_int(name, num, minimum=2) if is_concrete(num) else num
 
 
 # --------------------------------------------------------------------------- estimators
@@ -237,7 +231,6 @@ def plugin(key, pi, mu, oracle=Exact(), num_per_side=2048, repeats=1, chunk=None
     """Single-level plug-in (Lemma 8): Z_r = tanh(|log pi_r(X) - log mu_r(X)| / 2) with r-averaged
     draws, X ~ (pi + mu)/2 stratified as num_per_side trajectories from each side."""
     num = _checked(pi, mu, num_per_side, "num_per_side")
-    repeats = repeats if not is_concrete(repeats) else check_repeats((repeats,))[0]
     return multilevel(key, pi, mu, oracle, Schedule((num,), (repeats,)), chunk=chunk)
 
 
@@ -361,7 +354,8 @@ def _kl_estimate(key, pi, mu, oracle, num, repeats, chunk, term):
     tv = jnp.minimum(1.0, jnp.sqrt(jnp.maximum(kl, 0.0) / 2))
     # Delta method for sqrt(KL / 2); infinite KL gives the vacuous bound 1 with no spread.
     tv_stderr = jnp.where(mismatch | (tv >= 1.0), 0.0, kl_stderr / (4 * jnp.maximum(tv, 1e-12)))
-    levels = LevelStats(jnp.reshape(jnp.asarray(r), (1,)), jnp.reshape(jnp.asarray(num, jnp.float32), (1,)), m.mean, m.variance, queries[None])
+    one = lambda x, dtype=None: jnp.reshape(jnp.asarray(x, dtype), (1,))
+    levels = LevelStats(one(r), one(num, jnp.float32), m.mean, m.variance, queries[None])
     return KLEstimate(tv, tv_stderr, queries, levels, kl, kl_stderr)
 
 

@@ -134,11 +134,11 @@ def sized(name):
     `replicate` passes them as runtime values, so one compiled program serves every size of a
     study (and every schedule of one length; pad shorter ones with `estimators.pad_schedule`).
     Sizes: (num_samples,) for likelihood_ratio and the KL / naive baselines; (num_per_side,
-    repeats) for plugin; (num_samples array, repeats array) for multilevel and sample_only."""
+    repeats) for plugin; (num_samples array, repeats array) for multilevel (sample-only access is
+    multilevel with the Sampler oracle)."""
     fn = getattr(estimators, name)
-    if name in ("multilevel", "sample_only"):
-        run = fn if name == "multilevel" else lambda key, pi, mu, oracle, schedule: fn(key, pi, mu, schedule)
-        return lambda key, pi, mu, oracle, counts, repeats: run(key, pi, mu, oracle, Schedule(counts, repeats))
+    if name == "multilevel":
+        return lambda key, pi, mu, oracle, counts, repeats: fn(key, pi, mu, oracle, Schedule(counts, repeats))
     if name == "plugin":
         return lambda key, pi, mu, oracle, num, repeats: fn(key, pi, mu, oracle, num_per_side=num, repeats=repeats)
     if name in ("likelihood_ratio", "plugin_kl", "k3_pinsker", "naive_noisy_plugin"):
@@ -146,12 +146,11 @@ def sized(name):
     raise ConfigError(f"no sized form for estimator {name!r}")
 
 
-
 def replicate(fn, key, reps, *args, batch_size=8, fast_compile=False):
     """fn(key, *args) on `reps` independent keys, stacked along a leading axis (numpy). Keys are
     vmapped batch_size at a time; the compiled program is cached per (fn, batch_size) and the
     shapes of args, so keep fn the same object and pass sizes as args (see `sized`).
-    fast_compile lowers XLA's backend optimization (about 3x faster compiles, slower runs)."""
+    fast_compile lowers XLA's backend optimization (about 2x faster compiles, slower runs)."""
     keys = jax.random.split(key, reps)
     return jax.tree_util.tree_map(np.asarray, _replicated(fn, min(batch_size, reps), fast_compile)(keys, *args))
 
