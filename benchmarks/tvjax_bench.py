@@ -2,8 +2,9 @@
 and access model of a workload (convergence: 1; multilevel: 1; access: 3).
 
 Everything that differs between the tasks sharing a program is a runtime argument: level sizes,
-repeat counts, sigma, the number of repetitions (a loop over a padded key array) and, for
-multilevel schedules of different depths, empty padding levels (`pad_schedule`). Each program is
+repeat counts, sigma, the number of repetitions (the estimator's `copies`, padded with empty
+copies to the workload's largest count) and, for multilevel schedules of different depths,
+empty padding levels (`pad_schedule`). Each program is
 compiled ahead of the runs (`lower().compile()`), timed apart.
 
 Run by benchmarks/run.py as `python tvjax_bench.py plan.json workload out.json`.
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import tvjax
-from tvjax.estimators import Schedule, pad_schedule
+from tvjax.estimators import COMPILER_OPTIONS, Schedule, pad_schedule
 from measure import timed, worker_main
 
 ORACLES = {"exact": lambda sigma: tvjax.Exact(), "noisy": tvjax.Noisy, "sampler": lambda sigma: tvjax.Sampler()}
@@ -26,34 +27,28 @@ def program_key(task):
     return task["estimator"], task["oracle"], task["n"]
 
 
-def one_estimate(estimator, kind, key, pair, sigma, counts, repeats):
-    oracle = ORACLES[kind](sigma)
-    if estimator == "likelihood_ratio":
-        return tvjax.likelihood_ratio(key, *pair, oracle, num_samples=counts[0])
-    return tvjax.multilevel(key, *pair, oracle, Schedule(counts, repeats))
+def repetitions(estimator, kind, copies):
+    """(pair, key, reps, sigma, counts [L], repeats [L]) -> values [copies], level variances
+    [copies, L]: the first `reps` copies run the task's sizes, the rest are empty (zero sizes cost
+    nothing). All repetitions are copies of one estimator call, sharing one stream of chunks."""
+
+    def run(pair, key, reps, sigma, counts, repeats):
+        per_copy = jnp.where((jnp.arange(copies) < reps)[:, None], counts[None, :], 0)
+        oracle = ORACLES[kind](sigma)
+        if estimator == "likelihood_ratio":
+            e = tvjax.likelihood_ratio(key, *pair, oracle, num_samples=per_copy[:, 0], copies=copies)
+        else:
+            e = tvjax.multilevel(key, *pair, oracle, Schedule(per_copy, repeats), copies=copies)
+        return e.value, e.levels.variance
+
+    return jax.jit(run, compiler_options=COMPILER_OPTIONS)
 
 
-def repetitions(estimator, kind):
-    """(pair, keys [R], reps, sigma, counts [L], repeats [L]) -> values [R], level variances [R, L]
-    of the first `reps` repetitions (the rest stay zero)."""
-
-    def run(pair, keys, reps, sigma, counts, repeats):
-        def body(i, out):
-            e = one_estimate(estimator, kind, keys[i], pair, sigma, counts, repeats)
-            return out[0].at[i].set(e.value), out[1].at[i].set(e.levels.variance)
-
-        zeros = (jnp.zeros(keys.shape[0]), jnp.zeros((keys.shape[0], counts.shape[0])))
-        return jax.lax.fori_loop(0, reps, body, zeros)
-
-    return jax.jit(run)
-
-
-def arguments(pairs, task, max_reps, levels):
+def arguments(pairs, task, levels):
     """The task as runtime arguments of its workload's program."""
     counts, repeats = pad_schedule(Schedule(task["num_samples"], task["repeats"]), levels)
-    keys = jax.random.split(jax.random.key(task["seed"]), max_reps)
-    return (pairs(task["n"]), keys, task["reps"], np.float32(task["sigma"]), np.asarray(counts, np.int32),
-            np.asarray(repeats, np.int32))
+    return (pairs(task["n"]), jax.random.key(task["seed"]), task["reps"], np.float32(task["sigma"]),
+            np.asarray(counts, np.int32), np.asarray(repeats, np.int32))
 
 
 def prepare(pairs, tasks):
@@ -63,15 +58,15 @@ def prepare(pairs, tasks):
         groups.setdefault(program_key(task), []).append(task)
     programs = {}
     for (estimator, kind, n), members in groups.items():
-        shape = (max(t["reps"] for t in members), max(len(t["repeats"]) for t in members))
-        args = arguments(pairs, members[0], *shape)
-        programs[estimator, kind, n] = repetitions(estimator, kind).lower(*args).compile(), shape
+        copies, levels = max(t["reps"] for t in members), max(len(t["repeats"]) for t in members)
+        args = arguments(pairs, members[0], levels)
+        programs[estimator, kind, n] = repetitions(estimator, kind, copies).lower(*args).compile(), levels
     return [(programs[program_key(task)], task, pairs) for task in tasks]
 
 
 def run_task(runnable, task):
-    (program, shape), _, pairs = runnable
-    args = arguments(pairs, task, *shape)
+    (program, levels), _, pairs = runnable
+    args = arguments(pairs, task, levels)
     (values, variances), seconds = timed(lambda: jax.block_until_ready(program(*args)))
     reps, levels = task["reps"], len(task["repeats"])
     level_variance = np.mean(np.asarray(variances)[:reps, :levels], axis=0).tolist()

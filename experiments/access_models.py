@@ -48,7 +48,7 @@ def study(cfg):
     jobs = [job for job in jobs if job[3] is not None]
     rows = []
     for (label, oracle, budget, (fn, sizes)), key in zip(tqdm(jobs, desc="access models"), jax.random.split(jax.random.key(cfg.seed), len(jobs))):
-        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         rows.append({"arm": label, "budget": budget, "queries": float(est.queries[0]), "rmse": rmse, "mae": mae,
                      "bias": bias, "reps": s.reps})

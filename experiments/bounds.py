@@ -94,7 +94,7 @@ def study(cfg):
         pi, mu = instance_at(cfg.instance, p)
         truth = exact_tv(pi, mu)
         fn, sizes, oracle = estimator_fn(access, name, p, pi, mu, s.pilot_scale)
-        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, batch_size=s.batch_size, fast_compile=cfg.fast_compile)
+        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, fast_compile=cfg.fast_compile)
         scale = needed_scale(est.value, truth, p.eps, s.pilot_scale)
         rows.append({"access": access, "axis": axis, "x": 1 / value if axis == "eps" else value, **p._asdict(),
                      "estimator": name, "paper": name == PAPER[access], "truth": truth,

@@ -29,7 +29,7 @@ def study(cfg):
     variance_r = float(likelihood_ratio(key_var, pi, mu, oracle, num_samples=s.variance_samples).levels.variance[0])
     rows = []
     for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
-        est = replicate(sized("likelihood_ratio"), key, s.reps, pi, mu, oracle, size, batch_size=s.batch_size,
+        est = replicate(sized("likelihood_ratio"), key, s.reps, pi, mu, oracle, size,
                         fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         reference = math.sqrt(2 / math.pi) * math.sqrt(variance_r / size)

@@ -77,7 +77,7 @@ def study(cfg):
         # Padded to the deepest schedule: every job runs in one compiled program.
         sizes = [np.asarray(part, np.int32) for part in pad_schedule(schedule, len(repeats))]
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
-            est = replicate(sized("multilevel"), sigma_key, s.reps, pi, mu, Noisy(sigma), *sizes, batch_size=s.batch_size,
+            est = replicate(sized("multilevel"), sigma_key, s.reps, pi, mu, Noisy(sigma), *sizes,
                             fast_compile=cfg.fast_compile)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),

@@ -30,7 +30,7 @@ def study(cfg):
         for sigma in s.sigmas:
             for label, (a, b, truth) in pairs.items():
                 values = replicate(sized("plugin"), next(subkeys), s.reps, a, b, Noisy(sigma), s.num_per_side, r,
-                                   batch_size=s.batch_size, fast_compile=cfg.fast_compile).value
+                                   fast_compile=cfg.fast_compile).value
                 _, rmse, bias = errors(values, truth)
                 rows.append({"pair": label, "sigma": sigma, "r": r, "truth": truth, "mean": float(np.mean(values)),
                              "std": float(np.std(values, ddof=1)), "bias": bias, "rmse": rmse, "reps": s.reps})

@@ -335,11 +335,11 @@ def test_oracle_parameters_are_traceable():
 
 def test_sizes_are_runtime_values_so_a_sweep_compiles_once():
     pi, mu, _ = family("block")
-    before = E._multilevel._cache_size(), E._one_sided_estimate._cache_size()
+    before = E._multilevel.top._cache_size(), E._one_sided_estimate.top._cache_size()
     for scale in (1, 2, 3):
         E.multilevel(KEY, pi, mu, Noisy(0.3), E.Schedule((64 * scale, 16 * scale), (2, 8)), chunk=64)
         E.likelihood_ratio(KEY, pi, mu, num_samples=100 * scale, chunk=64)
-    after = E._multilevel._cache_size(), E._one_sided_estimate._cache_size()
+    after = E._multilevel.top._cache_size(), E._one_sided_estimate.top._cache_size()
     assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
 
 
@@ -369,6 +369,63 @@ def test_padding_levels_change_nothing_but_the_shape():
         E.multilevel(KEY, pi, mu, Noisy(0.3), E.Schedule((80, 20, 0), (2, 8, 64)))
     with pytest.raises(ValueError, match="cannot pad"):
         E.pad_schedule(schedule, 2)
+
+
+# --------------------------------------------------------------------------- copies: many estimates, one stream
+
+
+@pytest.mark.parametrize("name", ["block", "tabular_top_k"])
+def test_copies_are_independent_estimates_with_their_stated_spread(name):
+    pi, mu, truth = family(name)
+    copies = 400
+    result = E.likelihood_ratio(KEY, pi, mu, num_samples=64, copies=copies)
+    values, stderrs = np.asarray(result.value, np.float64), np.asarray(result.stderr, np.float64)
+    assert values.shape == stderrs.shape == (copies,)
+    # Their mean is unbiased: within 4 standard errors of the mean of copies.
+    assert abs(values.mean() - truth) < 4 * values.std(ddof=1) / math.sqrt(copies)
+    # Each copy's stderr describes the spread between copies: the sample sd of 400 values has a
+    # relative standard error of about 1 / sqrt(2 * 399) (3.5%), plus that of the mean stderr.
+    assert abs(values.std(ddof=1) / stderrs.mean() - 1) < 4 * 0.036
+    # Neighbouring copies share chunks but not rows: uncorrelated within 4 / sqrt(copies).
+    assert abs(np.corrcoef(values[:-1], values[1:])[0, 1]) < 4 / math.sqrt(copies)
+
+
+def test_copies_smaller_than_a_window_of_groups_share_chunks():
+    # 300 copies of 2 trajectories: a 64-row chunk spans more groups than one step may reduce
+    # (WINDOW), so steps stop at the window; every copy still gets exactly its rows.
+    pi, mu, truth = family("block")
+    result = E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((2, 1), (2, 8)), copies=300, chunk=64)
+    np.testing.assert_array_equal(np.asarray(result.levels.num_samples), np.tile([4.0, 2.0], (300, 1)))
+    values = np.asarray(result.value, np.float64)
+    assert np.all(np.isfinite(values)) and np.all(np.abs(values) <= 2)
+    assert abs(values.mean() - truth) < 4 * values.std(ddof=1) / math.sqrt(300) + 0.05  # + r = 8 plug-in bias
+
+
+def test_per_copy_sizes_and_empty_copies():
+    pi, mu, _ = family("block")
+    counts = np.array([[64, 16], [32, 8], [0, 0]], np.int32)
+    run = jax.jit(lambda c: E.multilevel(KEY, pi, mu, Noisy(0.2), E.Schedule(c, (2, 8)), copies=3))
+    result = run(counts)
+    np.testing.assert_array_equal(np.asarray(result.levels.num_samples), 2 * counts)
+    expected = [sum(2 * 128 * c * (1 + 2 * r) for c, r in zip(row, (2, 8))) for row in counts]
+    np.testing.assert_allclose(np.asarray(result.queries), expected)
+    # A traced empty copy (a padded repetition) costs nothing and estimates nothing.
+    assert float(result.value[2]) == 0.0 and float(result.stderr[2]) == 0.0
+    with pytest.raises(ValueError, match="trailing padding"):
+        E.multilevel(KEY, pi, mu, Noisy(0.2), E.Schedule(counts, (2, 8)), copies=3)
+    with pytest.raises(ValueError, match="entries for 4 copies"):
+        E.multilevel(KEY, pi, mu, Noisy(0.2), E.Schedule(counts[:2], (2, 8)), copies=4)
+    with pytest.raises(ValueError, match="pass copies=2"):
+        E.likelihood_ratio(KEY, pi, mu, num_samples=np.array([64, 32]))
+
+
+def test_copies_keep_support_mismatch_and_median_of_means_per_copy():
+    pi, mu, _ = family("tabular_top_k")
+    kl = E.plugin_kl(KEY, mu, pi, num_samples=200, copies=5)  # mu (top-3) samples what pi never does
+    assert np.all(np.isinf(np.asarray(kl.kl))) and np.all(np.asarray(kl.value) == 1.0)
+    grouped = E.multilevel(KEY, pi, mu, Noisy(0.1), E.Schedule((64, 16), (2, 8)), num_groups=3, copies=4)
+    assert grouped.value.shape == (4,) and grouped.levels.mean.shape == (4, 2)
+    np.testing.assert_array_equal(np.asarray(grouped.levels.num_samples), np.tile([3 * 128.0, 3 * 32.0], (4, 1)))
 
 
 # --------------------------------------------------------------------------- bad input

@@ -26,6 +26,8 @@ SCRIPT = textwrap.dedent(
         "sample_only": lambda: tvjax.sample_only(key, tab_pi, tab_mu, schedule),
         "plugin_logit_noise": lambda: tvjax.plugin(key, tab_pi, tab_mu, tvjax.LogitNoise(0.3), 64, 4),
         "plugin_kl": lambda: tvjax.plugin_kl(key, tab_pi, tab_mu, num_samples=200),
+        "likelihood_ratio_copies": lambda: tvjax.likelihood_ratio(key, pi, mu, num_samples=40, copies=16),
+        "multilevel_copies": lambda: tvjax.multilevel(key, pi, mu, tvjax.Noisy(0.5), schedule, copies=3),
     }
     mesh = trajectory_mesh()
     one_device = trajectory_mesh(jax.devices()[:1])
@@ -36,7 +38,7 @@ SCRIPT = textwrap.dedent(
         with jax.set_mesh(mesh):
             sharded = run()
         out[name] = [np.concatenate([np.ravel(x) for x in jax.tree.leaves(r)]).tolist() for r in (single, sharded)]
-    program = jax.jit(lambda k, p, m: tvjax.likelihood_ratio(k, p, m, num_samples=1024).value)
+    program = jax.jit(lambda k, p, m: tvjax.likelihood_ratio(k, p, m, num_samples=1024, copies=4).value)
     with jax.set_mesh(mesh):
         hlo = program.lower(key, pi, mu).compile().as_text()
     out["collectives"] = {op: hlo.count(op) for op in ("all-reduce", "all-gather")}
@@ -62,7 +64,8 @@ def test_chunks_are_partitioned_not_gathered(two_device_results):
     assert two_device_results["collectives"]["all-gather"] == 0
 
 
-@pytest.mark.parametrize("name", ["likelihood_ratio", "multilevel_noisy", "sample_only", "plugin_logit_noise", "plugin_kl"])
+@pytest.mark.parametrize("name", ["likelihood_ratio", "multilevel_noisy", "sample_only", "plugin_logit_noise", "plugin_kl",
+                                  "likelihood_ratio_copies", "multilevel_copies"])
 def test_sharded_matches_single_device(two_device_results, name):
     single, sharded = two_device_results[name]
     np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.oracles import Exact, Sampler
@@ -19,6 +20,30 @@ from tvjax.validate import check_pair, check_positive_int, check_range, check_re
 
 # Trajectory positions held in memory at once by one chunk (times the vocabulary for LogitNoise).
 CHUNK_POSITIONS = 2**20
+
+# Options for compiling an estimator program. XLA's CPU backend compiles these programs about 25%
+# faster with its classic loop emitters than with its newer fusion emitters, and runs them about as
+# fast (benchmarks/README.md); other backends ignore the option. JAX takes compiler options from
+# the outermost jit only: pass them to your own jax.jit around estimator calls.
+COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def _program(static_argnames):
+    """Decorator: jit `fn` with COMPILER_OPTIONS when it is called from Python, plainly when it is
+    traced inside another jit (which then decides the options)."""
+
+    def wrap(fn):
+        top = jax.jit(fn, static_argnames=static_argnames, compiler_options=COMPILER_OPTIONS)
+        nested = jax.jit(fn, static_argnames=static_argnames)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            return (top if _all_concrete((args, kwargs)) else nested)(*args, **kwargs)
+
+        call.top = top
+        return call
+
+    return wrap
 
 
 class LevelStats(NamedTuple):
@@ -90,48 +115,76 @@ def memory_chunk(process, oracle):
     return max(1, CHUNK_POSITIONS // oracle.row_size(process))
 
 
-def level_moments(key, summand, num_per_level, chunk, segments=1):
-    """Per-level moments of summand(key, segment, levels [chunk], chunk) -> [chunk] over
-    num_per_level[l] rows of each level l.
+# Groups of rows (copy, level) one chunk step may reduce: a step that would reach past the
+# WINDOW-th group boundary stops there.
+WINDOW = 32
 
-    The levels form `segments` equal groups (the estimators' sides); a segment's levels are laid
-    end to end as one stream of rows that runs in chunks of the static size `chunk`, each row
-    tagged with its level, so padding costs at most one chunk per segment whatever the number of
-    levels. Sizes are runtime values (a traced array is fine): one compiled program serves every
-    size and schedule of a length, and memory stays at one chunk.
+
+def window_moments(values, local, valid, window, single):
+    """Moments [window] of the `valid` values per local group id. `single`: every valid row is
+    in group 0 (most chunks of a large estimate), a reduction over the rows alone."""
+    one_group = lambda: Moments(*(jnp.pad(a, (0, window - 1)) for a in masked_moments(values[:, None], valid[:, None])))
+    many_groups = lambda: masked_moments(values[:, None], valid[:, None] & (local[:, None] == jnp.arange(window)))
+    return jax.lax.cond(single, one_group, many_groups)
+
+
+def level_moments(key, summand, counts, chunk):
+    """Moments of summand(key, segment, levels [chunk], chunk) -> [chunk] per group of rows.
+
+    counts [segments, copies, levels]: group (c, l) of segment s is counts[s, c, l] rows at
+    level l. A segment's groups are laid end to end, copy after copy, as one stream of rows that
+    runs in chunks of the static size `chunk`, each row tagged with its level; a chunk holds rows
+    of up to WINDOW consecutive groups. So padding costs at most one chunk per segment, whatever
+    the numbers of copies and levels, and many small estimates share chunks. Sizes are runtime
+    values (a traced array is fine): one compiled program serves every size and schedule of a
+    shape, and memory stays at one chunk. Returns Moments of shape [segments, copies, levels].
     """
-    counts = jnp.asarray(num_per_level, jnp.int32).reshape(segments, -1)
-    levels = counts.shape[1]
-    level_ids = jnp.arange(levels)
+    counts = jnp.asarray(counts, jnp.int32)
+    segments, copies, levels = counts.shape
+    groups = copies * levels
+    window = min(WINDOW, groups)
 
     def segment_body(segment, acc):
-        ends = jnp.cumsum(counts[segment])
+        ends = jnp.cumsum(counts[segment].reshape(-1))
+        total = ends[-1]
+        # Padded so that a window starting at any group stays in bounds.
+        window_ends = jnp.concatenate([ends, jnp.full(window, total)])
         segment_key = jax.random.fold_in(key, segment)
 
-        def chunk_body(index, m):
-            rows = index * chunk + jnp.arange(chunk)
-            row_level = jnp.sum(rows[:, None] >= ends[None, :], axis=1)  # == levels past the end
-            values = summand(jax.random.fold_in(segment_key, index), segment, jnp.minimum(row_level, levels - 1), chunk)
-            return merge_moments(m, masked_moments(values[:, None], row_level[:, None] == level_ids))
+        def step(state):
+            start, index, m = state
+            first = jnp.sum(ends <= start)  # the group holding row `start` (empty groups skipped)
+            local_ends = jax.lax.dynamic_slice(window_ends, (first,), (window,))
+            stop = jnp.minimum(start + chunk, local_ends[-1])
+            rows = start + jnp.arange(chunk)
+            local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1)
+            level = (first + jnp.minimum(local, window - 1)) % levels
+            values = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
+            seen = Moments(*(jax.lax.dynamic_slice(a, (first,), (window,)) for a in m))
+            merged = merge_moments(seen, window_moments(values, local, rows < stop, window, stop <= local_ends[0]))
+            m = Moments(*(jax.lax.dynamic_update_slice(a, b, (first,)) for a, b in zip(m, merged)))
+            return stop, index + 1, m
 
-        zeros = jnp.zeros(levels)
-        m = jax.lax.fori_loop(0, (ends[-1] + chunk - 1) // chunk, chunk_body, Moments(zeros, zeros, zeros))
-        return Moments(*(total.at[segment].set(part) for total, part in zip(acc, m)))
+        zeros = jnp.zeros(groups + window)
+        start = (jnp.int32(0), jnp.int32(0), Moments(zeros, zeros, zeros))
+        _, _, m = jax.lax.while_loop(lambda state: state[0] < total, step, start)
+        return Moments(*(a.at[segment].set(b[:groups]) for a, b in zip(acc, m)))
 
-    zeros = jnp.zeros((segments, levels))
+    zeros = jnp.zeros((segments, groups))
     with random_streams():
         acc = jax.lax.fori_loop(0, segments, segment_body, Moments(zeros, zeros, zeros))
-    return Moments(*(a.reshape(-1) for a in acc))
+    return Moments(*(a.reshape(segments, copies, levels) for a in acc))
 
 
-def stream_chunk(process, oracle, num_per_level):
-    """Static chunk rows, bounded by memory. Concrete sizes: about an eighth of the stream, rounded
-    up to a power of two (nearby sizes share one compiled program) and at most 2048 rows (larger
-    chunks stop paying on CPU). Traced sizes: the oracle's `traced_chunk_rows`."""
+def stream_chunk(process, oracle, sizes):
+    """Static chunk rows, bounded by memory. Concrete sizes (every row of the stream): about an
+    eighth of the stream, rounded up to a power of two (nearby sizes share one compiled program)
+    and at most 2048 rows (larger chunks stop paying on CPU). Traced sizes: the oracle's
+    `traced_chunk_rows`."""
     cap = memory_chunk(process, oracle)
-    if not all(is_concrete(num) for num in num_per_level):
+    if not _all_concrete(sizes):
         return min(cap, oracle.traced_chunk_rows)
-    rows = max(64, math.ceil(sum(int(num) for num in num_per_level) / 8))
+    rows = max(64, math.ceil(int(np.sum(np.asarray(sizes))) / 8))
     return min(cap, 2048, 1 << (rows - 1).bit_length())
 
 
@@ -149,34 +202,38 @@ def _trajectory_queries(oracle, num, n, repeats):
 
 def summarize_levels(means, variances, counts, repeats, queries):
     """Combine independent per-level sample means into one estimate: sum of level means, with
-    stderr sqrt(sum_l Var_l / N_l), for every synthetic estimator. A level
-    with no samples (schedule padding) contributes nothing."""
+    stderr sqrt(sum_l Var_l / N_l), for every synthetic estimator. A level with no samples
+    (schedule padding) contributes nothing. Arrays are [L], or [copies, L] for copies
+    (the result then has a leading copies axis)."""
     means, variances, counts = (jnp.asarray(a, jnp.float32) for a in (means, variances, counts))
     queries = jnp.asarray(queries, jnp.float32)  # float: counts pass 2**31 in real sweeps
-    levels = LevelStats(jnp.asarray(repeats), counts, means, variances, queries)
-    stderr = jnp.sqrt(jnp.sum(jnp.where(counts > 0, variances / jnp.maximum(counts, 1.0), 0.0)))
-    return Estimate(jnp.sum(means), stderr, jnp.sum(queries), levels)
+    repeats = jnp.broadcast_to(jnp.asarray(repeats), means.shape)
+    levels = LevelStats(repeats, counts, means, variances, queries)
+    stderr = jnp.sqrt(jnp.sum(jnp.where(counts > 0, variances / jnp.maximum(counts, 1.0), 0.0), axis=-1))
+    return Estimate(jnp.sum(means, axis=-1), stderr, jnp.sum(queries, axis=-1), levels)
 
 
 def _one_sided(key, pi, mu, oracle, num, repeats, chunk, term):
-    """Moments of term(L_pi, L_mu) on X ~ pi at `repeats` draws per position (one level)."""
+    """Moments [copies, 1] of term(L_pi, L_mu) on X ~ pi at `repeats` draws per position, num[c]
+    trajectories for copy c."""
 
     def summand(k, segment, levels, size):
         k_sample, k_score = jax.random.split(k)
         log_pi, log_mu = _scored(k_score, shard_rows(pi.sample(k_sample, size)), pi, mu, oracle, 0, repeats)
         return term(log_pi[:, 1], log_mu[:, 1])
 
-    return level_moments(key, summand, jnp.reshape(num, (1,)), chunk)
+    m = level_moments(key, summand, num[None, :, None], chunk)
+    return Moments(*(a[0] for a in m))
 
 
 def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
-    """Algorithm 3's levels on X ~ (pi + mu)/2, stratified: counts[l] trajectories from each side.
+    """Algorithm 3's levels on X ~ (pi + mu)/2, stratified: counts[c, l] trajectories from each
+    side for copy c. Returns an Estimate with a leading copies axis.
 
     Level l's summand is the coupled increment Y_l = Z_{r_l}(X) - Z_{r_{l-1}}(X) on one trajectory
     with nested draws (Y_0 = Z_{r_0}); a single level is the plug-in estimator. The two sides are
-    the two segments of one stream (levels 0..L-1 sample pi, L..2L-1 sample mu), so the oracle's
-    draws and the scoring compile once."""
-    levels = counts.shape[0]
+    the two segments of the stream (pi's samples, then mu's), so the oracle's draws and the
+    scoring compile once."""
     fine = repeats
     coarse = jnp.concatenate([jnp.zeros(1, jnp.int32), fine[:-1]])
 
@@ -188,77 +245,117 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
         z = mixture_z(log_pi, log_mu)
         return z[:, 1] - jnp.where(level > 0, z[:, 0], 0.0)
 
-    m = level_moments(key, summand, jnp.concatenate([counts, counts]), chunk, segments=2)
+    m = level_moments(key, summand, jnp.stack([counts, counts]), chunk)
     queries = 2 * _trajectory_queries(oracle, counts, pi.n, repeats)
-    return summarize_levels(
-        (m.mean[:levels] + m.mean[levels:]) / 2,
-        (m.variance[:levels] + m.variance[levels:]) / 2,
-        2.0 * counts,
-        repeats,
-        queries,
-    )
+    return summarize_levels(jnp.mean(m.mean, 0), jnp.mean(m.variance, 0), 2.0 * counts, repeats, queries)
 
 
-def _checked(pi, mu, num, name="num_samples"):
-    """The pair and a trajectory count, checked; a traced count passes through (its caller checked it)."""
-    check_pair(pi, mu)
-    return check_positive_int(name, num, minimum=2) if is_concrete(num) else num
+def _all_concrete(tree):
+    return all(is_concrete(leaf) for leaf in jax.tree.leaves(tree))
+
+
+def _check_counts(name, counts, minimum):
+    """Integer counts >= minimum, elementwise; traced counts pass through (their caller checked)."""
+    if _all_concrete(counts):
+        array = np.asarray(counts)
+        integral = array.dtype != bool and np.all(np.isfinite(array.astype(float))) and np.all(array == np.round(array))
+        if array.size == 0 or not integral or np.any(array < minimum):
+            raise ValueError(f"{name} must be integers >= {minimum}, got {counts!r}")
+    return _int32(counts)
+
+
+def _int32(values):
+    # numpy while concrete: inside an outer jit a jnp array is a tracer, and the chunk size
+    # (static) is chosen from concrete sizes.
+    return np.asarray(values, np.int32) if _all_concrete(values) else jnp.asarray(values, jnp.int32)
+
+
+def _per_copy(sizes, copies, shape=()):
+    """Sizes broadcast to [copies, *shape] (one copy when copies is None)."""
+    sizes = _int32(sizes)
+    xp = np if isinstance(sizes, np.ndarray) else jnp
+    per_copy = sizes.ndim > len(shape)
+    if copies is None:
+        if per_copy:
+            raise ValueError(f"sizes of shape {sizes.shape} have a copies axis: pass copies={sizes.shape[0]}")
+        return sizes[None]
+    copies = check_positive_int("copies", copies)
+    if per_copy and sizes.shape[0] != copies:
+        raise ValueError(f"per-copy sizes have {sizes.shape[0]} entries for {copies} copies")
+    return xp.broadcast_to(sizes, (copies,) + shape)
+
+
+def _unbatched(result, copies):
+    """Drop the copies axis of a single estimate."""
+    return jax.tree.map(lambda a: a[0], result) if copies is None else result
 
 
 # --------------------------------------------------------------------------- estimators
 # Public estimators are plain functions that check their arguments and call one jitted core per
 # estimator. Sizes are runtime values of the core, so a sweep over N or over schedules of a
-# length reuses one compiled program; only the chunk (and the number of levels) is static.
+# shape reuses one compiled program; only the chunk, the number of levels and the number of
+# copies are static.
+#
+# copies=C gives C independent estimates (a leading axis of C on every field) from one stream of
+# rows in one program: repetitions of a small estimate share chunks instead of each padding its
+# own. Sizes may then carry a leading axis of C (per-copy sizes). They are not the estimates of C
+# separate calls with split keys: the chunks' random keys follow the shared stream.
 
 
-@functools.partial(jax.jit, static_argnames=("chunk", "term"))
+@_program(("chunk", "term"))
 def _one_sided_estimate(key, pi, mu, oracle, num, repeats, chunk, term):
     m = _one_sided(key, pi, mu, oracle, num, repeats, chunk, term)
-    queries = _trajectory_queries(oracle, num, pi.n, repeats)
-    return m, queries
+    return m, _trajectory_queries(oracle, num, pi.n, repeats)
 
 
-def likelihood_ratio(key, pi, mu, oracle=Exact(), num_samples=4096, chunk=None):
+def likelihood_ratio(key, pi, mu, oracle=Exact(), num_samples=4096, chunk=None, copies=None):
     """Algorithm 1: mean of (1 - mu(X)/pi(X))_+ over X ~ pi. With a noisy oracle it is the naive
     plug-in that treats single noisy draws as exact. `num_samples` may be traced."""
-    num = _checked(pi, mu, num_samples)
-    chunk = chunk or stream_chunk(pi, oracle, (num,))
+    check_pair(pi, mu)
+    num = _per_copy(_check_counts("num_samples", num_samples, 2), copies)
+    chunk = chunk or stream_chunk(pi, oracle, num)
     m, queries = _one_sided_estimate(key, pi, mu, oracle, num, 1, chunk, likelihood_ratio_term)
-    return summarize_levels(m.mean, m.variance, jnp.reshape(num, (1,)), jnp.ones(1, jnp.int32), queries[None])
+    estimate = summarize_levels(m.mean, m.variance, num[:, None], jnp.ones(1, jnp.int32), queries[:, None])
+    return _unbatched(estimate, copies)
 
 
-def plugin(key, pi, mu, oracle=Exact(), num_per_side=2048, repeats=1, chunk=None):
+def plugin(key, pi, mu, oracle=Exact(), num_per_side=2048, repeats=1, chunk=None, copies=None):
     """Single-level plug-in (Lemma 8): Z_r = tanh(|log pi_r(X) - log mu_r(X)| / 2) with r-averaged
     draws, X ~ (pi + mu)/2 stratified as num_per_side trajectories from each side."""
-    num = _checked(pi, mu, num_per_side, "num_per_side")
-    return multilevel(key, pi, mu, oracle, Schedule((num,), (repeats,)), chunk=chunk)
+    num = _check_counts("num_per_side", num_per_side, 2)
+    schedule = Schedule(num[..., None], _int32(repeats).reshape(1))
+    return multilevel(key, pi, mu, oracle, schedule, chunk=chunk, copies=copies)
 
 
-def mixture(key, pi, mu, oracle=Exact(), num_per_side=2048, chunk=None):
+def mixture(key, pi, mu, oracle=Exact(), num_per_side=2048, chunk=None, copies=None):
     """Algorithm 1's symmetric form: tanh(|L_pi - L_mu| / 2) on X ~ (pi + mu)/2 (one draw each)."""
-    return plugin(key, pi, mu, oracle, num_per_side=num_per_side, repeats=1, chunk=chunk)
+    return plugin(key, pi, mu, oracle, num_per_side=num_per_side, repeats=1, chunk=chunk, copies=copies)
 
 
 def check_schedule(schedule):
-    """A schedule's level sizes and repeats as int32 arrays, checked where concrete.
+    """A schedule's level sizes and repeats as int32 arrays, checked where concrete. Level sizes
+    are [L], or [copies, L] for per-copy schedules (see `multilevel`'s copies).
 
     N_l = 1 is allowed (the paper's finest levels use it); such a level's within-side variance is
     0 by construction, so its stderr contribution is a lower bound. Trailing levels with N_l = 0
     are padding (see `pad_schedule`): they cost nothing and add nothing."""
-    counts, repeats = schedule
-    if len(counts) != len(repeats):
-        raise ValueError(f"schedule has {len(counts)} level sizes but {len(repeats)} repeat counts")
-    if not len(counts):
+    counts, repeats = (_int32(part) for part in schedule)
+    if repeats.ndim != 1 or counts.ndim not in (1, 2) or counts.shape[-1] != repeats.shape[0]:
+        raise ValueError(f"schedule has level sizes of shape {counts.shape} for {repeats.shape} repeat counts")
+    if not repeats.shape[0]:
         raise ValueError("the schedule has no levels")
-    if all(is_concrete(v) for v in (*counts, *repeats)):
-        counts = tuple(check_positive_int("level size N_l", n, minimum=0) for n in counts)
-        used = max((l + 1 for l, n in enumerate(counts) if n > 0), default=0)
-        if used == 0 or any(n == 0 for n in counts[:used]):
-            raise ValueError(f"level sizes must be >= 1 (zeros only as trailing padding), got {counts}")
-        real = check_repeats(repeats[:used])
-        if any(int(r) != real[-1] for r in repeats[used:]):
-            raise ValueError(f"padding levels repeat the last real level's r, got {tuple(repeats)}")
-    return jnp.asarray(counts, jnp.int32), jnp.asarray(repeats, jnp.int32)
+    if _all_concrete(schedule):
+        _check_counts("level size N_l", counts, 0)
+        used = 0
+        for row in counts.reshape(-1, counts.shape[-1]).tolist():
+            real = max((l + 1 for l, n in enumerate(row) if n > 0), default=0)
+            if real == 0 or any(n == 0 for n in row[:real]):
+                raise ValueError(f"level sizes must be >= 1 (zeros only as trailing padding), got {tuple(row)}")
+            used = max(used, real)
+        last = check_repeats(repeats[:used].tolist())[-1]
+        if any(int(r) != last for r in repeats[used:]):
+            raise ValueError(f"padding levels repeat the last real level's r, got {tuple(repeats.tolist())}")
+    return counts, repeats
 
 
 def pad_schedule(schedule, levels):
@@ -294,28 +391,32 @@ def groups_for_confidence(delta):
     return groups + (groups % 2 == 0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_groups", "chunk"))
+@_program(("num_groups", "chunk"))
 def _multilevel(key, pi, mu, oracle, counts, repeats, num_groups, chunk):
-    run = lambda k: _symmetric(k, pi, mu, oracle, counts, repeats, chunk)
+    # Median-of-means groups are more copies of the stream: [copies * groups] estimates.
+    estimates = _symmetric(key, pi, mu, oracle, jnp.repeat(counts, num_groups, axis=0), repeats, chunk)
     if num_groups == 1:
-        return run(key)
-    return median_of_means(jax.lax.map(run, jax.random.split(key, num_groups)))
+        return estimates
+    grouped = jax.tree.map(lambda a: a.reshape((counts.shape[0], num_groups) + a.shape[1:]), estimates)
+    return jax.vmap(median_of_means)(grouped)
 
 
-def multilevel(key, pi, mu, oracle, schedule, num_groups=1, chunk=None):
+def multilevel(key, pi, mu, oracle, schedule, num_groups=1, chunk=None, copies=None):
     """Algorithm 3: sum over levels of mean coupled increments Y_l = Z_{r_l}(X) - Z_{r_{l-1}}(X),
     the same X and nested draws within a level, independent levels; median of num_groups copies.
-    The schedule's entries may be traced (its number of levels is static)."""
+    The schedule's entries may be traced (its number of levels is static). copies=C: C
+    independent estimates from one stream (level sizes [L] or per copy [C, L])."""
     check_pair(pi, mu)
     counts, repeats = check_schedule(schedule)
+    counts = _per_copy(counts, copies, repeats.shape)
     groups = check_positive_int("num_groups", num_groups)
-    chunk = chunk or stream_chunk(pi, oracle, tuple(schedule[0]))
-    return _multilevel(key, pi, mu, oracle, counts, repeats, groups, chunk)
+    chunk = chunk or stream_chunk(pi, oracle, counts * groups)
+    return _unbatched(_multilevel(key, pi, mu, oracle, counts, repeats, groups, chunk), copies)
 
 
-def sample_only(key, pi, mu, schedule, num_groups=1, chunk=None):
+def sample_only(key, pi, mu, schedule, num_groups=1, chunk=None, copies=None):
     """Theorem 1: Algorithm 3 through prefix samplers (a noisy oracle with sigma^2 <= K)."""
-    return multilevel(key, pi, mu, Sampler(), schedule, num_groups=num_groups, chunk=chunk)
+    return multilevel(key, pi, mu, Sampler(), schedule, num_groups=num_groups, chunk=chunk, copies=copies)
 
 
 def paper_schedule(eps, sigma, n, c=1.0, budget_constant=1.0):
@@ -342,21 +443,23 @@ def paper_schedule(eps, sigma, n, c=1.0, budget_constant=1.0):
 # --------------------------------------------------------------------------- baselines
 
 
-def _kl_estimate(key, pi, mu, oracle, num, repeats, chunk, term):
-    num = _checked(pi, mu, num)
-    r = check_repeats((repeats,)) if is_concrete(repeats) else repeats
-    chunk = chunk or stream_chunk(pi, oracle, (num,))
+def _kl_estimate(key, pi, mu, oracle, num, repeats, chunk, term, copies):
+    check_pair(pi, mu)
+    num = _per_copy(_check_counts("num_samples", num, 2), copies)
+    if _all_concrete(repeats):
+        check_repeats((repeats,))
+    chunk = chunk or stream_chunk(pi, oracle, num)
     m, queries = _one_sided_estimate(key, pi, mu, oracle, num, repeats, chunk, term)
-    kl = m.mean[0]
+    kl = m.mean[:, 0]
     mismatch = jnp.isinf(kl) | jnp.isnan(kl)
     kl = jnp.where(mismatch, jnp.inf, kl)
-    kl_stderr = jnp.where(mismatch, jnp.inf, jnp.sqrt(m.variance[0] / num))
+    kl_stderr = jnp.where(mismatch, jnp.inf, jnp.sqrt(m.variance[:, 0] / num))
     tv = jnp.minimum(1.0, jnp.sqrt(jnp.maximum(kl, 0.0) / 2))
     # Delta method for sqrt(KL / 2); infinite KL gives the vacuous bound 1 with no spread.
     tv_stderr = jnp.where(mismatch | (tv >= 1.0), 0.0, kl_stderr / (4 * jnp.maximum(tv, 1e-12)))
-    one = lambda x, dtype=None: jnp.reshape(jnp.asarray(x, dtype), (1,))
-    levels = LevelStats(one(r), one(num, jnp.float32), m.mean, m.variance, queries[None])
-    return KLEstimate(tv, tv_stderr, queries, levels, kl, kl_stderr)
+    column = lambda x, dtype=None: jnp.broadcast_to(jnp.asarray(x, dtype), num.shape)[:, None]
+    levels = LevelStats(column(repeats, jnp.int32), column(num, jnp.float32), m.mean, m.variance, queries[:, None])
+    return _unbatched(KLEstimate(tv, tv_stderr, queries, levels, kl, kl_stderr), copies)
 
 
 def _plugin_kl_term(log_pi, log_mu):
@@ -370,16 +473,16 @@ def _k3_term(log_pi, log_mu):
     return jnp.where(jnp.isneginf(log_mu), jnp.inf, jnp.expm1(log_rho) - log_rho)
 
 
-def plugin_kl(key, pi, mu, oracle=Exact(), num_samples=4096, repeats=1, chunk=None):
+def plugin_kl(key, pi, mu, oracle=Exact(), num_samples=4096, repeats=1, chunk=None, copies=None):
     """Baseline: plug-in KL(pi || mu) = E_pi[log pi - log mu] and Pinsker's sqrt(KL / 2)."""
-    return _kl_estimate(key, pi, mu, oracle, num_samples, repeats, chunk, _plugin_kl_term)
+    return _kl_estimate(key, pi, mu, oracle, num_samples, repeats, chunk, _plugin_kl_term, copies)
 
 
-def k3_pinsker(key, pi, mu, oracle=Exact(), num_samples=4096, repeats=1, chunk=None):
+def k3_pinsker(key, pi, mu, oracle=Exact(), num_samples=4096, repeats=1, chunk=None, copies=None):
     """Baseline: the k3 KL estimator followed by Pinsker's bound."""
-    return _kl_estimate(key, pi, mu, oracle, num_samples, repeats, chunk, _k3_term)
+    return _kl_estimate(key, pi, mu, oracle, num_samples, repeats, chunk, _k3_term, copies)
 
 
-def naive_noisy_plugin(key, pi, mu, oracle, num_samples=4096, chunk=None):
+def naive_noisy_plugin(key, pi, mu, oracle, num_samples=4096, chunk=None, copies=None):
     """Baseline: Algorithm 1 on single noisy draws, as if they were exact logits."""
-    return likelihood_ratio(key, pi, mu, oracle, num_samples=num_samples, chunk=chunk)
+    return likelihood_ratio(key, pi, mu, oracle, num_samples=num_samples, chunk=chunk, copies=copies)

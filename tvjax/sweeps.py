@@ -130,36 +130,34 @@ def build_estimator(estimator_cfg):
 
 @functools.lru_cache(maxsize=None)
 def sized(name):
-    """fn(key, pi, mu, oracle, *sizes) for estimator `name`, its sizes as trailing arguments:
-    `replicate` passes them as runtime values, so one compiled program serves every size of a
-    study (and every schedule of one length; pad shorter ones with `estimators.pad_schedule`).
-    Sizes: (num_samples,) for likelihood_ratio and the KL / naive baselines; (num_per_side,
-    repeats) for plugin; (num_samples array, repeats array) for multilevel (sample-only access is
-    multilevel with the Sampler oracle)."""
+    """fn(key, pi, mu, oracle, *sizes, copies) for estimator `name`, its sizes as trailing
+    arguments: `replicate` passes them as runtime values, so one compiled program serves every
+    size of a study (and every schedule of one length; pad shorter ones with
+    `estimators.pad_schedule`). Sizes: (num_samples,) for likelihood_ratio and the KL / naive
+    baselines; (num_per_side, repeats) for plugin; (num_samples array, repeats array) for
+    multilevel (sample-only access is multilevel with the Sampler oracle)."""
     fn = getattr(estimators, name)
     if name == "multilevel":
-        return lambda key, pi, mu, oracle, counts, repeats: fn(key, pi, mu, oracle, Schedule(counts, repeats))
+        return lambda key, pi, mu, oracle, counts, repeats, copies: fn(key, pi, mu, oracle, Schedule(counts, repeats), copies=copies)
     if name == "plugin":
-        return lambda key, pi, mu, oracle, num, repeats: fn(key, pi, mu, oracle, num_per_side=num, repeats=repeats)
+        return lambda key, pi, mu, oracle, num, repeats, copies: fn(key, pi, mu, oracle, num, repeats, copies=copies)
     if name in ("likelihood_ratio", "plugin_kl", "k3_pinsker", "naive_noisy_plugin"):
-        return lambda key, pi, mu, oracle, num: fn(key, pi, mu, oracle, num_samples=num)
+        return lambda key, pi, mu, oracle, num, copies: fn(key, pi, mu, oracle, num_samples=num, copies=copies)
     raise ConfigError(f"no sized form for estimator {name!r}")
 
 
-def replicate(fn, key, reps, *args, batch_size=8, fast_compile=False):
-    """fn(key, *args) on `reps` independent keys, stacked along a leading axis (numpy). Keys are
-    vmapped batch_size at a time; the compiled program is cached per (fn, batch_size) and the
-    shapes of args, so keep fn the same object and pass sizes as args (see `sized`).
+def replicate(fn, key, reps, *args, fast_compile=False):
+    """fn(key, *args, copies=reps): `reps` independent estimates from one stream of rows, stacked
+    along a leading axis (numpy). The compiled program is cached per (fn, reps) and the shapes of
+    args, so keep fn the same object and pass sizes as args (see `sized`).
     fast_compile lowers XLA's backend optimization (about 2x faster compiles, slower runs)."""
-    keys = jax.random.split(key, reps)
-    return jax.tree_util.tree_map(np.asarray, _replicated(fn, min(batch_size, reps), fast_compile)(keys, *args))
+    return jax.tree_util.tree_map(np.asarray, _replicated(fn, reps, fast_compile)(key, *args))
 
 
 @functools.lru_cache(maxsize=None)
-def _replicated(fn, batch_size, fast_compile):
-    options = {"xla_backend_optimization_level": 0} if fast_compile else None
-    return jax.jit(lambda keys, *args: jax.lax.map(lambda k: fn(k, *args), keys, batch_size=batch_size),
-                   compiler_options=options)
+def _replicated(fn, copies, fast_compile):
+    options = {**estimators.COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
+    return jax.jit(lambda key, *args: fn(key, *args, copies=copies), compiler_options=options)
 
 
 def per_trajectory_queries(n, repeats):
