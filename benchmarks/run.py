@@ -115,9 +115,9 @@ def main(argv=None):
     parser.add_argument("--numpy-query-cap", type=float, default=math.inf,
                         help="NumPy runs at most this many queries per task (default: all); more repetitions are "
                              "extrapolated, and NumPy's peak memory is then that of the smaller run")
-    parser.add_argument("--tvjax-runs", type=int, default=3,
-                        help="fresh tvjax processes per workload; the median by wall time is reported (NumPy runs once: "
-                             "its minutes-long runs average the machine's bursts out)")
+    parser.add_argument("--tvjax-runs", type=int, default=None,
+                        help="fresh tvjax processes per workload (default 5, 1 with --quick); the median by wall time "
+                             "is reported (NumPy runs once: its minutes-long runs average the machine's bursts out)")
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args(argv)
     results = {"workloads": {}}
@@ -129,7 +129,7 @@ def main(argv=None):
         for workload in args.workloads:
             entry = {}
             for impl in args.implementations if workload in COMPARED else ["tvjax"]:
-                runs = args.tvjax_runs if impl == "tvjax" else 1
+                runs = (args.tvjax_runs or (1 if args.quick else 5)) if impl == "tvjax" else 1
                 report = median_process(IMPLEMENTATIONS[impl], plan_path, workload, Path(tmp) / f"{workload}-{impl}.json", runs)
                 entry[impl] = summarize(report, plan["workloads"][workload], plan["true_tv"])
             if len(entry) == 2:
