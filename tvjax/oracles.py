@@ -147,7 +147,7 @@ class Exact(_Oracle):
     """Exact prefix logits: every repeat returns the true probability."""
 
     floor: float = 0.0
-    traced_chunk_rows = 1024
+    traced_chunk_rows = 2048
 
     def nested_path_logprobs(self, key, process, tokens, repeats):
         repeats = check_repeats(repeats)
@@ -172,7 +172,7 @@ class Noisy(_Oracle):
     """Gaussian noisy prefix distribution with relative variance sigma^2 (paper B.2)."""
 
     sigma: float = 0.0
-    traced_chunk_rows = 1024
+    traced_chunk_rows = 2048
     floor: float = LOG_FLOOR
 
     def __post_init__(self):
