@@ -10,12 +10,11 @@ the budget. RMSE over `reps` repetitions; the x axis is the queries actually spe
 import hydra
 import jax
 import matplotlib.pyplot as plt
-import numpy as np
 from tqdm import tqdm
 
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import StudyResult, build_pair, equal_share_schedule, errors, replicate, run_study, sized, study_config
+from tvjax.sweeps import StudyResult, build_pair, equal_share_schedule, errors, replicate, run_study, schedule_sizes, sized, study_config
 
 
 def arms(s, n):
@@ -29,7 +28,7 @@ def arms(s, n):
     def leveled(repeats):
         def make(budget):
             schedule = equal_share_schedule(budget, n, tuple(repeats))
-            sizes = tuple(np.asarray(part, np.int32) for part in schedule)
+            sizes = schedule_sizes(schedule)
             return (sized("multilevel"), sizes) if min(schedule.num_samples) >= 1 else None
 
         return make

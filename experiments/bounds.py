@@ -23,7 +23,8 @@ from tvjax.api import relative_noise
 from tvjax.estimators import paper_schedule
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import ConfigError, StudyResult, build_pair, errors, loglog_fit, replicate, run_study, sized, study_config
+from tvjax.sweeps import (ConfigError, StudyResult, build_pair, errors, loglog_fit, replicate, run_study, schedule_sizes,
+                          sized, study_config)
 
 PAPER = {"exact": "likelihood_ratio", "noisy": "multilevel", "sampler": "sample_only"}
 BASELINES = {"exact": ("plugin_kl", "k3_pinsker"), "noisy": ("plugin_top_level", "naive_noisy_plugin"),
@@ -63,7 +64,7 @@ def estimator_fn(access, name, p, pi, mu, scale):
         return sized(name), (single,), oracle
     schedule = paper_schedule(p.eps, relative_noise(oracle, pi, mu), p.n, budget_constant=scale)
     if name in ("multilevel", "sample_only"):
-        return sized("multilevel"), tuple(np.asarray(part, np.int32) for part in schedule), oracle
+        return sized("multilevel"), schedule_sizes(schedule), oracle
     # plugin_top_level: one level at the paper schedule's finest r (no multilevel telescoping).
     return sized("plugin"), (single, schedule.repeats[-1]), oracle
 

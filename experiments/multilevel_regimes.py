@@ -22,7 +22,7 @@ from tvjax.currency import mixture_z
 from tvjax.estimators import Schedule, pad_schedule
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, sized, study_config
+from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, schedule_sizes, sized, study_config
 
 
 @functools.partial(jax.jit, static_argnames=("repeats", "num"))
@@ -75,7 +75,7 @@ def study(cfg):
     keys = jax.random.split(key_mae, len(jobs))
     for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
         # Padded to the deepest schedule: every job runs in one compiled program.
-        sizes = [np.asarray(part, np.int32) for part in pad_schedule(schedule, len(repeats))]
+        sizes = schedule_sizes(pad_schedule(schedule, len(repeats)))
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
             est = replicate(sized("multilevel"), sigma_key, s.reps, pi, mu, Noisy(sigma), *sizes,
                             fast_compile=cfg.fast_compile)

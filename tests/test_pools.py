@@ -1,7 +1,6 @@
 """Pool format: round trip, kill-and-resume without duplicate or lost trajectories, precise refusals."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

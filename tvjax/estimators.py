@@ -309,13 +309,19 @@ def _one_sided_estimate(key, pi, mu, oracle, num, repeats, chunk, term):
     return m, _trajectory_queries(oracle, num, pi.n, repeats)
 
 
-def likelihood_ratio(key, pi, mu, oracle=Exact(), num_samples=4096, chunk=None, copies=None):
-    """Algorithm 1: mean of (1 - mu(X)/pi(X))_+ over X ~ pi. With a noisy oracle it is the naive
-    plug-in that treats single noisy draws as exact. `num_samples` may be traced."""
+def _one_sided_checked(key, pi, mu, oracle, num_samples, repeats, chunk, term, copies):
+    """(num [copies], Moments [copies, 1], queries [copies]) of a one-sided estimator, its
+    arguments checked and its chunk chosen."""
     check_pair(pi, mu)
     num = _per_copy(_check_counts("num_samples", num_samples, 2), copies)
     chunk = chunk or stream_chunk(pi, oracle, num)
-    m, queries = _one_sided_estimate(key, pi, mu, oracle, num, 1, chunk, likelihood_ratio_term)
+    return (num, *_one_sided_estimate(key, pi, mu, oracle, num, repeats, chunk, term))
+
+
+def likelihood_ratio(key, pi, mu, oracle=Exact(), num_samples=4096, chunk=None, copies=None):
+    """Algorithm 1: mean of (1 - mu(X)/pi(X))_+ over X ~ pi. With a noisy oracle it is the naive
+    plug-in that treats single noisy draws as exact. `num_samples` may be traced."""
+    num, m, queries = _one_sided_checked(key, pi, mu, oracle, num_samples, 1, chunk, likelihood_ratio_term, copies)
     estimate = summarize_levels(m.mean, m.variance, num[:, None], jnp.ones(1, jnp.int32), queries[:, None])
     return _unbatched(estimate, copies)
 
@@ -445,12 +451,9 @@ def paper_schedule(eps, sigma, n, c=1.0, budget_constant=1.0):
 
 
 def _kl_estimate(key, pi, mu, oracle, num, repeats, chunk, term, copies):
-    check_pair(pi, mu)
-    num = _per_copy(_check_counts("num_samples", num, 2), copies)
     if _all_concrete(repeats):
         check_repeats((repeats,))
-    chunk = chunk or stream_chunk(pi, oracle, num)
-    m, queries = _one_sided_estimate(key, pi, mu, oracle, num, repeats, chunk, term)
+    num, m, queries = _one_sided_checked(key, pi, mu, oracle, num, repeats, chunk, term, copies)
     kl = m.mean[:, 0]
     mismatch = jnp.isinf(kl) | jnp.isnan(kl)
     kl = jnp.where(mismatch, jnp.inf, kl)

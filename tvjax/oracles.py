@@ -88,7 +88,7 @@ class _Oracle:
     def _stochastic(self, process, tokens):
         """(draw state, tokens, fixed [num]) at the positions where a draw can be random, position
         major ([positions, num, ...]: XLA's CPU kernels vectorize along the long trajectory axis,
-        not along a dozen positions; 30% faster per trajectory on the block instance).
+        not along a dozen positions; about 20% faster per trajectory on the block instance).
 
         A process may declare `stochastic_positions` (static indices outside which every
         conditional is 0 or 1 for any prefix). There a draw is exactly p, so those positions add

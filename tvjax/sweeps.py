@@ -146,6 +146,12 @@ def sized(name):
     raise ConfigError(f"no sized form for estimator {name!r}")
 
 
+def schedule_sizes(schedule):
+    """A schedule as the runtime size arguments of `sized("multilevel")`: (counts, repeats) int32
+    arrays, so schedules of one length share one compiled program."""
+    return tuple(np.asarray(part, np.int32) for part in schedule)
+
+
 def replicate(fn, key, reps, *args, fast_compile=False):
     """fn(key, *args, copies=reps): `reps` independent estimates from one stream of rows, stacked
     along a leading axis (numpy). The compiled program is cached per (fn, reps) and the shapes of

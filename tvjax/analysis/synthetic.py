@@ -6,7 +6,6 @@ identically: the finished pool does not depend on where it was interrupted.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from tvjax.pools import SIDES, PoolWriter, create_pool, draws_key, tokens_key
