@@ -97,7 +97,8 @@ def multilevel(rng, block, task, reps):
     variances = []
     coarse = [0] + task["repeats"][:-1]
     for num, c, f in zip(task["num_samples"], coarse, task["repeats"]):
-        y = [level_increments(rng, block, s, reps * num, task["oracle"], task["sigma"], c, f).reshape(reps, num) for s in ("pi", "mu")]
+        y = [level_increments(rng, block, s, reps * num, task["oracle"], task["sigma"], c, f).reshape(reps, num)
+             for s in ("pi", "mu")]
         value += (y[0].mean(axis=1) + y[1].mean(axis=1)) / 2
         # One trajectory per side has no within-side spread: 0, as tvjax reports it.
         spread = [side.var(axis=1, ddof=1).mean() if num > 1 else 0.0 for side in y]

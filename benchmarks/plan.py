@@ -6,7 +6,8 @@ import math
 import numpy as np
 
 import tvjax
-from tvjax.estimators import paper_schedule
+from tvjax import cost
+from tvjax.schedules import paper_schedule
 
 INSTANCE = {"seed": 10, "n": 128, "block_bits": 12, "p_active": 0.4, "alpha": 0.49}
 # Accuracy grid for fitting a paper schedule to a query budget (smallest feasible eps wins).
@@ -28,21 +29,12 @@ QUICK = {
 }
 
 
-def trajectory_queries(n, repeats):
-    """Queries for one trajectory: n to sample it, n * r to score it under each model."""
-    return n + 2 * n * repeats
-
-
-def schedule_queries(n, num_samples, repeats):
-    return sum(2 * num * trajectory_queries(n, r) for num, r in zip(num_samples, repeats))
-
-
 def fit_schedule(budget, sigma, n):
     """The deepest paper schedule whose level sizes, scaled to spend `budget`, stay >= 2 per side;
     if none fits, the first level of the shallowest one with 2 trajectories per side."""
     for eps in sorted(EPS_GRID):
         base = paper_schedule(eps, sigma, n)
-        scale = budget / schedule_queries(n, *base)
+        scale = budget / cost.schedule_queries(base, n)
         counts = [round(num * scale) for num in base.num_samples]
         if min(counts) >= 2:
             return counts, list(base.repeats)
@@ -51,9 +43,9 @@ def fit_schedule(budget, sigma, n):
 
 def task(label, estimator, oracle, sigma, num_samples, repeats, reps, seed, n=INSTANCE["n"]):
     if estimator == "likelihood_ratio":
-        queries = num_samples[0] * trajectory_queries(n, 1)
+        queries = cost.trajectory_queries(num_samples[0], n, 1)
     else:
-        queries = schedule_queries(n, num_samples, repeats)
+        queries = cost.schedule_queries((num_samples, repeats), n)
     return {"label": label, "estimator": estimator, "oracle": oracle, "sigma": sigma, "num_samples": num_samples,
             "repeats": repeats, "reps": reps, "seed": seed, "n": n, "queries": queries}
 
@@ -68,7 +60,8 @@ def multilevel(cfg):
     for sigma in cfg["sigmas"]:
         for s in cfg["scales"]:
             counts = [s * b for b in cfg["base"]]
-            tasks.append(task(f"sigma={sigma} s={s}", "multilevel", "noisy", sigma, counts, cfg["repeats"], cfg["reps"], len(tasks)))
+            tasks.append(task(f"sigma={sigma} s={s}", "multilevel", "noisy", sigma, counts, cfg["repeats"], cfg["reps"],
+                              len(tasks)))
         counts = [cfg["ratio_samples"]] * len(cfg["repeats"])
         tasks.append(task(f"sigma={sigma} variance ratio", "multilevel", "noisy", sigma, counts, cfg["repeats"], 1, len(tasks)))
     return tasks
@@ -77,7 +70,7 @@ def multilevel(cfg):
 def access(cfg, n=INSTANCE["n"], support=2):
     tasks = []
     for budget in cfg["budgets"]:
-        num = max(2, int(budget // trajectory_queries(n, 1)))
+        num = max(2, cost.trajectories_for_budget(budget, n))
         tasks.append(task(f"exact B={budget:.0e}", "likelihood_ratio", "exact", 0.0, [num], [1], cfg["reps"], len(tasks)))
         for sigma in cfg["sigmas"]:
             tasks.append(task(f"noisy {sigma} B={budget:.0e}", "multilevel", "noisy", sigma,

@@ -66,7 +66,8 @@ def summarize(report, tasks, true_tv):
     extrapolated = any(t["reps_run"] < spec["reps"] for t, spec in zip(report["tasks"], tasks))
     errors = [float(np.mean(np.abs(np.asarray(t["values"]) - true_tv))) for t in report["tasks"]]
     return {
-        **out, "process_runs": report.get("process_runs"), "extrapolated": extrapolated, "queries": queries, "queries_per_cpu_s": queries / out["cpu"]["whole"],
+        **out, "process_runs": report.get("process_runs"), "extrapolated": extrapolated, "queries": queries,
+        "queries_per_cpu_s": queries / out["cpu"]["whole"],
         "peak_mib": report["peak_rss"] / MIB, "working_mib": (report["peak_rss"] - report["rss_after_setup"]) / MIB,
         "mean_abs_error": errors,
         "tasks": [{**t, "reps": spec["reps"], "queries_per_rep": spec["queries"]} for t, spec in zip(report["tasks"], tasks)],
@@ -81,7 +82,8 @@ def ratios(numpy, tvjax):
 
 
 HEADER = (f"{'workload':<12} {'impl':<6} {'wall s':>9} {'cpu s':>9} {'compile':>8} {'run':>8} {'peak MiB':>9} "
-          f"{'work MiB':>9} {'queries':>9} {'q/cpu s':>9} | {'speedup':>8} {'cpu spd':>8} {'run spd':>8} {'mem':>6} {'workmem':>7}")
+          f"{'work MiB':>9} {'queries':>9} {'q/cpu s':>9} | {'speedup':>8} {'cpu spd':>8} {'run spd':>8} {'mem':>6} "
+          f"{'workmem':>7}")
 
 
 def format_row(workload, impl, s, ratio=None):
@@ -90,7 +92,8 @@ def format_row(workload, impl, s, ratio=None):
     star = "*" if s["extrapolated"] else " "
     cpu = s["cpu"]
     cells = (f"{workload:<12} {impl:<6} {s['wall']['whole']:8.1f}{star} {cpu['whole']:8.1f}{star} {cpu['compile']:8.1f} "
-             f"{cpu['run']:8.1f} {s['peak_mib']:9.0f} {s['working_mib']:9.0f} {s['queries']:9.3g} {s['queries_per_cpu_s']:9.3g} |")
+             f"{cpu['run']:8.1f} {s['peak_mib']:9.0f} {s['working_mib']:9.0f} {s['queries']:9.3g} "
+             f"{s['queries_per_cpu_s']:9.3g} |")
     if ratio:
         cells += (f" {ratio['speedup_whole_wall']:7.1f}x {ratio['speedup_whole_cpu']:7.1f}x {ratio['speedup_run_wall']:7.1f}x "
                   f"{ratio['memory_fraction']:6.3f} {ratio['working_memory_fraction']:7.3f}")

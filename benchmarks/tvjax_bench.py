@@ -17,7 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import tvjax
-from tvjax.estimators import COMPILER_OPTIONS, Schedule, pad_schedule
+from tvjax.estimators import lookup
+from tvjax.programs import jit_program
+from tvjax.schedules import Samples, Schedule, pad_schedule
+
 from measure import timed, worker_main
 
 ORACLES = {"exact": lambda sigma: tvjax.Exact(), "noisy": tvjax.Noisy, "sampler": lambda sigma: tvjax.Sampler()}
@@ -34,14 +37,11 @@ def repetitions(estimator, kind, copies):
 
     def run(pair, key, reps, sigma, counts, repeats):
         per_copy = jnp.where((jnp.arange(copies) < reps)[:, None], counts[None, :], 0)
-        oracle = ORACLES[kind](sigma)
-        if estimator == "likelihood_ratio":
-            e = tvjax.likelihood_ratio(key, *pair, oracle, num_samples=per_copy[:, 0], copies=copies)
-        else:
-            e = tvjax.multilevel(key, *pair, oracle, Schedule(per_copy, repeats), copies=copies)
+        sizes = Samples(per_copy[:, 0]) if estimator == "likelihood_ratio" else Schedule(per_copy, repeats)
+        e = lookup(estimator).fn(key, *pair, ORACLES[kind](sigma), sizes, copies=copies)
         return e.value, e.levels.variance
 
-    return jax.jit(run, compiler_options=COMPILER_OPTIONS)
+    return jit_program(run)
 
 
 def arguments(pairs, task, levels):

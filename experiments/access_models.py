@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/access_models.py [smoke=true]
 
-Exact logits use Algorithm 1 with N = budget / (3 n); noisy logits (one arm per sigma) and
+Exact logits use Algorithm 1 with as many trajectories as the budget buys (`tvjax.cost`); noisy logits (one arm per sigma) and
 sample-only access use Algorithm 3 with fixed repeat levels, each level taking an equal share of
 the budget. RMSE over `reps` repetitions; the x axis is the queries actually spent.
 """
@@ -10,26 +10,34 @@ the budget. RMSE over `reps` repetitions; the x axis is the queries actually spe
 import hydra
 import jax
 import matplotlib.pyplot as plt
+import numpy as np
 from tqdm import tqdm
 
+from tvjax import cost
+from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import StudyResult, build_pair, equal_share_schedule, errors, replicate, run_study, schedule_sizes, sized, study_config
+from tvjax.schedules import as_runtime, equal_share_schedule
+from tvjax.studies import errors, replicate
+
+from studykit import StudyResult, build_pair, run_study
+
+READS = ("seed", "fast_compile", "instance", "study")
 
 
 def arms(s, n):
     """(label, oracle, budget -> (estimator fn, its sizes) or None when the budget is too small).
-    Sizes are runtime arguments (`sized`): each arm compiles once for all its budgets."""
+    Sizes are runtime arguments: each arm compiles once for all its budgets."""
+    likelihood_ratio, multilevel = lookup("likelihood_ratio"), lookup("multilevel")
 
     def exact(budget):
-        num = int(budget // (3 * n))
-        return (sized("likelihood_ratio"), (num,)) if num >= 2 else None
+        num = cost.trajectories_for_budget(budget, n)
+        return (likelihood_ratio.fn, likelihood_ratio.sizes(np.int32(num))) if num >= 2 else None
 
     def leveled(repeats):
         def make(budget):
             schedule = equal_share_schedule(budget, n, tuple(repeats))
-            sizes = schedule_sizes(schedule)
-            return (sized("multilevel"), sizes) if min(schedule.num_samples) >= 1 else None
+            return (multilevel.fn, as_runtime(schedule)) if min(schedule.num_samples) >= 1 else None
 
         return make
 
@@ -40,14 +48,15 @@ def arms(s, n):
 
 
 def study(cfg):
-    s = study_config(cfg)
+    s = cfg.study
     pi, mu = build_pair(cfg.instance)
     truth = exact_tv(pi, mu)
     jobs = [(label, oracle, budget, make(budget)) for label, oracle, make in arms(s, pi.n) for budget in s.budgets]
     jobs = [job for job in jobs if job[3] is not None]
     rows = []
-    for (label, oracle, budget, (fn, sizes)), key in zip(tqdm(jobs, desc="access models"), jax.random.split(jax.random.key(cfg.seed), len(jobs))):
-        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, fast_compile=cfg.fast_compile)
+    keys = jax.random.split(jax.random.key(cfg.seed), len(jobs))
+    for (label, oracle, budget, (fn, sizes)), key in zip(tqdm(jobs, desc="access models"), keys):
+        est = replicate(fn, key, s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         rows.append({"arm": label, "budget": budget, "queries": float(est.queries[0]), "rmse": rmse, "mae": mae,
                      "bias": bias, "reps": s.reps})
@@ -69,7 +78,7 @@ def plot(rows, truth):
 
 @hydra.main(config_path="../configs", config_name="access_models", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ grid: exact n/eps^2, noisy (n + n^2 sigma^2)/eps^2, sampler n^2 K/eps^2 (eps ent
 """
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import hydra
 import jax
@@ -19,16 +19,41 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.api import relative_noise
-from tvjax.estimators import paper_schedule
+from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.sweeps import (ConfigError, StudyResult, build_pair, errors, loglog_fit, replicate, run_study, schedule_sizes,
-                          sized, study_config)
+from tvjax.schedules import Level, Samples, as_runtime, paper_schedule
+from tvjax.studies import errors, loglog_fit, replicate
 
-PAPER = {"exact": "likelihood_ratio", "noisy": "multilevel", "sampler": "sample_only"}
-BASELINES = {"exact": ("plugin_kl", "k3_pinsker"), "noisy": ("plugin_top_level", "naive_noisy_plugin"),
-             "sampler": ("plugin_top_level",)}
+from studykit import ConfigError, StudyResult, build_pair, run_study
+
+READS = ("seed", "fast_compile", "instance", "study")
+ORACLES = {"exact": lambda p: Exact(), "noisy": lambda p: Noisy(p.sigma), "sampler": lambda p: Sampler()}
+
+
+class Arm(NamedTuple):
+    """One estimator of a grid: its label in tables, its registry name, and its sizes at a point
+    from (paper schedule, single-level trajectory count)."""
+
+    label: str
+    estimator: str
+    sizes: Callable
+
+
+ONE_SIDED = lambda schedule, single: Samples(np.int32(single))
+PAPER = {
+    "exact": Arm("likelihood_ratio", "likelihood_ratio", ONE_SIDED),
+    "noisy": Arm("multilevel", "multilevel", lambda schedule, single: as_runtime(schedule)),
+    "sampler": Arm("multilevel (sample-only)", "multilevel", lambda schedule, single: as_runtime(schedule)),
+}
+# The plug-in at the paper schedule's finest r: one level, no multilevel telescoping.
+TOP_LEVEL_PLUGIN = Arm("plugin at r_L", "plugin",
+                       lambda schedule, single: Level(np.int32(single), np.int32(schedule.repeats[-1])))
+BASELINES = {
+    "exact": (Arm("plugin_kl", "plugin_kl", ONE_SIDED), Arm("k3_pinsker", "k3_pinsker", ONE_SIDED)),
+    "noisy": (TOP_LEVEL_PLUGIN, Arm("likelihood_ratio (naive)", "likelihood_ratio", ONE_SIDED)),
+    "sampler": (TOP_LEVEL_PLUGIN,),
+}
 
 
 class Point(NamedTuple):
@@ -55,18 +80,13 @@ def needed_scale(values, truth, eps, scale):
     return scale * variance / slack if slack > 0 else math.inf
 
 
-def estimator_fn(access, name, p, pi, mu, scale):
-    """(fn(key, pi, mu, oracle, *sizes), sizes, oracle) for one estimator at point p; the sizes
-    are runtime arguments (`sized`), so the points of a grid at one n share compiled programs."""
-    oracle = {"exact": Exact(), "noisy": Noisy(p.sigma), "sampler": Sampler()}[access]
+def estimator_at(access, arm, p, pi, mu, scale):
+    """(fn, sizes, oracle) for one arm at point p; the sizes are runtime arguments, so the points
+    of a grid at one n share compiled programs."""
+    oracle = ORACLES[access](p)
     single = max(2, math.ceil(scale / p.eps**2))
-    if name in ("likelihood_ratio", "plugin_kl", "k3_pinsker", "naive_noisy_plugin"):
-        return sized(name), (single,), oracle
-    schedule = paper_schedule(p.eps, relative_noise(oracle, pi, mu), p.n, budget_constant=scale)
-    if name in ("multilevel", "sample_only"):
-        return sized("multilevel"), schedule_sizes(schedule), oracle
-    # plugin_top_level: one level at the paper schedule's finest r (no multilevel telescoping).
-    return sized("plugin"), (single, schedule.repeats[-1]), oracle
+    schedule = paper_schedule(p.eps, oracle.noise_level(pi, mu), p.n, budget_constant=scale)
+    return lookup(arm.estimator).fn, arm.sizes(schedule, single), oracle
 
 
 def grid_points(s):
@@ -86,19 +106,19 @@ def instance_at(instance_cfg, p):
 
 
 def study(cfg):
-    s = study_config(cfg)
-    names = lambda access, axis: (PAPER[access],) + (BASELINES[access] if axis in s.baseline_axes else ())
-    jobs = [(access, axis, value, p, name) for access, axis, value, p in grid_points(s) for name in names(access, axis)]
+    s = cfg.study
+    arms = lambda access, axis: (PAPER[access],) + (BASELINES[access] if axis in s.baseline_axes else ())
+    jobs = [(access, axis, value, p, arm) for access, axis, value, p in grid_points(s) for arm in arms(access, axis)]
     rows = []
     keys = jax.random.split(jax.random.key(cfg.seed), len(jobs))
-    for (access, axis, value, p, name), key in zip(tqdm(jobs, desc="bounds"), keys):
+    for (access, axis, value, p, arm), key in zip(tqdm(jobs, desc="bounds"), keys):
         pi, mu = instance_at(cfg.instance, p)
         truth = exact_tv(pi, mu)
-        fn, sizes, oracle = estimator_fn(access, name, p, pi, mu, s.pilot_scale)
-        est = replicate(fn, key, s.reps, pi, mu, oracle, *sizes, fast_compile=cfg.fast_compile)
+        fn, sizes, oracle = estimator_at(access, arm, p, pi, mu, s.pilot_scale)
+        est = replicate(fn, key, s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
         scale = needed_scale(est.value, truth, p.eps, s.pilot_scale)
         rows.append({"access": access, "axis": axis, "x": 1 / value if axis == "eps" else value, **p._asdict(),
-                     "estimator": name, "paper": name == PAPER[access], "truth": truth,
+                     "estimator": arm.label, "paper": arm is PAPER[access], "truth": truth,
                      "pilot_queries": float(est.queries[0]), "pilot_rmse": errors(est.value, truth)[1],
                      "budget_needed": float(est.queries[0]) * scale / s.pilot_scale,
                      "theory": theory_budget(access, p, pi.max_support)})
@@ -129,7 +149,8 @@ def plot(rows, fits, access):
     for ax, axis in zip(axes[0], axes_names):
         mine = [r for r in rows if r["access"] == access and r["axis"] == axis]
         for f in (f for f in fits if f["access"] == access and f["axis"] == axis):
-            pts = sorted((r["x"], r["budget_needed"]) for r in mine if r["estimator"] == f["estimator"] and math.isfinite(r["budget_needed"]))
+            pts = sorted((r["x"], r["budget_needed"]) for r in mine
+                         if r["estimator"] == f["estimator"] and math.isfinite(r["budget_needed"]))
             if pts:
                 ax.loglog(*zip(*pts), "o-", label=f"{f['estimator']} (slope {f['fitted']:.2f})")
         paper = sorted((r["x"], r["theory"], r["budget_needed"]) for r in mine if r["paper"])
@@ -148,7 +169,7 @@ def plot(rows, fits, access):
 
 @hydra.main(config_path="../configs", config_name="bounds", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

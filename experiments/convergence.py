@@ -15,21 +15,27 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.estimators import likelihood_ratio
+from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
-from tvjax.sweeps import StudyResult, build_oracle, build_pair, errors, loglog_fit, replicate, run_study, sized, study_config
+from tvjax.studies import errors, loglog_fit, replicate
+
+from studykit import StudyResult, build, build_pair, run_study
+
+READS = ("seed", "fast_compile", "instance", "oracle", "study")
 
 
 def study(cfg):
-    s = study_config(cfg)
+    s = cfg.study
     pi, mu = build_pair(cfg.instance)
-    oracle = build_oracle(cfg.oracle)
+    oracle = build(cfg.oracle)
     truth = exact_tv(pi, mu)
+    estimator = lookup("likelihood_ratio")
     key_var, key_mae = jax.random.split(jax.random.key(cfg.seed))
-    variance_r = float(likelihood_ratio(key_var, pi, mu, oracle, num_samples=s.variance_samples).levels.variance[0])
+    variance_r = float(estimator.fn(key_var, pi, mu, oracle, estimator.sizes(s.variance_samples)).levels.variance[0])
     rows = []
     for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
-        est = replicate(sized("likelihood_ratio"), key, s.reps, pi, mu, oracle, size,
+        # Sizes as runtime arguments: every N runs in one compiled program.
+        est = replicate(estimator.fn, key, s.reps, pi, mu, oracle, estimator.sizes(np.int32(size)),
                         fast_compile=cfg.fast_compile)
         mae, rmse, bias = errors(est.value, truth)
         reference = math.sqrt(2 / math.pi) * math.sqrt(variance_r / size)
@@ -55,7 +61,7 @@ def plot(rows, fit):
 
 @hydra.main(config_path="../configs", config_name="convergence", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

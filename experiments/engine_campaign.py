@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from tvjax import pools
+from tvjax.engines.protocol import task_shard_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVERTED_KINDS = ("vllm", "sglang")  # engines that read safetensors folders, not GGUF files
@@ -51,19 +52,16 @@ def python_of(cfg: DictConfig) -> str:
     return str(path if path.is_absolute() else ROOT / path)
 
 
-def plan(pi: str, mu: str) -> list[tuple[str, list[dict]]]:
+def plan() -> list[tuple[str, list[dict]]]:
     """The three engine sessions of a campaign: (side whose engine runs, tasks)."""
     return [("pi", [{"op": "sample", "side": "pi"}, {"op": "score", "side": "pi"}]),
             ("mu", [{"op": "sample", "side": "mu"}, {"op": "score", "side": "mu"}, {"op": "score", "side": "pi"}]),
             ("pi", [{"op": "score", "side": "mu"}])]
 
 
-def task_keys(task: dict, scorer: str, spec: pools.PoolSpec) -> list[str]:
-    """Shard keys a task commits."""
-    N = spec.num_per_side
-    if task["op"] == "sample":
-        return [pools.tokens_key(task["side"], 0, N)]
-    return [pools.draws_key(task["side"], scorer, 0, N, j, j + 1) for j in range(spec.repeats)]
+def session_keys(tasks: list[dict], scorer: str, spec: pools.PoolSpec) -> list[str]:
+    """Shard keys an engine session named `scorer` commits (the protocol's shard scheme)."""
+    return [key for task in tasks for key in task_shard_keys(task, scorer, spec)]
 
 
 def create_or_resume(cfg: DictConfig, names: tuple[str, str], width: int) -> pools.PoolWriter:
@@ -141,14 +139,12 @@ def run_campaign(cfg: DictConfig) -> Path:
     pool = Path(cfg.campaign.pool)
     jobs_dir = pool.parent / "jobs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
-    sessions = plan(*names)
-    total = sum(len(task_keys(t, cfg[s].name, writer.spec)) for s, tasks in sessions for t in tasks)
+    sessions = [(side, tasks, session_keys(tasks, cfg[side].name, writer.spec)) for side, tasks in plan()]
     done = writer.done_shards()
     models = {}
-    with tqdm(total=total, desc="shards", unit="shard") as bar:
-        for i, (side, tasks) in enumerate(sessions):
+    with tqdm(total=sum(len(keys) for _, _, keys in sessions), desc="shards", unit="shard") as bar:
+        for i, (side, tasks, keys) in enumerate(sessions):
             engine = cfg[side]
-            keys = [k for t in tasks for k in task_keys(t, engine.name, writer.spec)]
             if all(k in done for k in keys):
                 bar.update(len(keys))
                 continue

@@ -1,7 +1,7 @@
 """Hydra app: one TV estimate for the composed (instance, oracle, estimator).
 
     .venv/bin/python experiments/estimate.py                                 # paper block, exact logits
-    .venv/bin/python experiments/estimate.py instance=tabular_top_k estimator=mixture
+    .venv/bin/python experiments/estimate.py instance=tabular_top_k estimator=plugin estimator.sizes.repeats=1
     .venv/bin/python experiments/estimate.py -m oracle=noisy estimator=multilevel oracle.sigma=0.04,0.16,0.5
 
 Writes the truth, the estimate, its (1 - delta) normal interval, the query count and the
@@ -15,13 +15,16 @@ import numpy as np
 
 from tvjax.api import confidence_interval
 from tvjax.instances import exact_tv
-from tvjax.sweeps import StudyResult, build_estimator, build_oracle, build_pair, run_study
+
+from studykit import StudyResult, build, build_pair, run_study
+
+READS = ("seed", "delta", "instance", "oracle", "estimator")
 
 
 def study(cfg):
     pi, mu = build_pair(cfg.instance)
-    oracle = build_oracle(cfg.oracle)
-    estimate = build_estimator(cfg.estimator)(jax.random.key(cfg.seed), pi, mu, oracle)
+    oracle = build(cfg.oracle)
+    estimate = build(cfg.estimator)(jax.random.key(cfg.seed), pi, mu, oracle)
     interval = confidence_interval(estimate, cfg.delta)
     truth = exact_tv(pi, mu)
     summary = {
@@ -61,7 +64,7 @@ def plot_estimate(summary, delta):
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

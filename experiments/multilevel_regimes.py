@@ -18,11 +18,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
+from tvjax import cost
 from tvjax.currency import mixture_z
-from tvjax.estimators import Schedule, pad_schedule
+from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.sweeps import StudyResult, build_pair, errors, per_trajectory_queries, replicate, run_study, schedule_sizes, sized, study_config
+from tvjax.schedules import Schedule, as_runtime, pad_schedule
+from tvjax.studies import errors, replicate
+
+from studykit import StudyResult, build_pair, run_study
+
+READS = ("seed", "fast_compile", "instance", "study")
 
 
 @functools.partial(jax.jit, static_argnames=("repeats", "num"))
@@ -30,10 +36,9 @@ def nested_z(key, pi, mu, oracle, repeats, num):
     """Z_{r_l}(X) for every level l on the same X with nested draws: [2 num, L], num from each side."""
     rows = []
     for side_key, side in zip(jax.random.split(key), (pi, mu)):
-        k_sample, k_pi, k_mu = jax.random.split(side_key, 3)
+        k_sample, k_score = jax.random.split(side_key)
         tokens = side.sample(k_sample, num)
-        rows.append(mixture_z(oracle.nested_path_logprobs(k_pi, pi, tokens, repeats),
-                              oracle.nested_path_logprobs(k_mu, mu, tokens, repeats)))
+        rows.append(mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), tokens, repeats)))
     return jnp.concatenate(rows)
 
 
@@ -51,12 +56,13 @@ def depth_schedules(repeats, base_sizes, scale):
 
 def matched_single_level(schedule, n, repeats):
     """One level at `repeats` with (about) the queries of `schedule`."""
-    budget = sum(N * per_trajectory_queries(n, r) for N, r in zip(*schedule))
-    return Schedule((max(2, round(budget / per_trajectory_queries(n, repeats))),), (repeats,))
+    budget = cost.schedule_queries(schedule, n)
+    return Schedule((max(2, round(budget / cost.symmetric_queries(1, n, repeats))),), (repeats,))
 
 
 def study(cfg):
-    s = study_config(cfg)
+    s = cfg.study
+    multilevel = lookup("multilevel")
     pi, mu = build_pair(cfg.instance)
     truth = exact_tv(pi, mu)
     repeats = tuple(s.repeats)
@@ -75,9 +81,9 @@ def study(cfg):
     keys = jax.random.split(key_mae, len(jobs))
     for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
         # Padded to the deepest schedule: every job runs in one compiled program.
-        sizes = schedule_sizes(pad_schedule(schedule, len(repeats)))
+        sizes = as_runtime(pad_schedule(schedule, len(repeats)))
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
-            est = replicate(sized("multilevel"), sigma_key, s.reps, pi, mu, Noisy(sigma), *sizes,
+            est = replicate(multilevel.fn, sigma_key, s.reps, pi, mu, Noisy(sigma), sizes,
                             fast_compile=cfg.fast_compile)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
@@ -85,7 +91,8 @@ def study(cfg):
                          "num_samples": list(schedule.num_samples), "repeats": list(schedule.repeats)})
     summary = {"truth": truth, "rho": {str(k): v.tolist() for k, v in rho.items()}, "repeats": list(repeats),
                "reps": s.reps}
-    return StudyResult(summary, rows, {"mae_vs_budget": plot_mae(rows, s.sigmas, truth), "variance_ratios": plot_rho(rho, repeats)})
+    figures = {"mae_vs_budget": plot_mae(rows, s.sigmas, truth), "variance_ratios": plot_rho(rho, repeats)}
+    return StudyResult(summary, rows, figures)
 
 
 def plot_mae(rows, sigmas, truth):
@@ -118,7 +125,7 @@ def plot_rho(rho, repeats):
 
 @hydra.main(config_path="../configs", config_name="multilevel_regimes", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
+from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.sweeps import StudyResult, build_pair, errors, replicate, run_study, sized, study_config
+from tvjax.studies import errors, replicate
+
+from studykit import StudyResult, build_pair, run_study
+
+READS = ("seed", "fast_compile", "instance", "study")
 
 
 def study(cfg):
-    s = study_config(cfg)
+    s = cfg.study
+    plugin = lookup("plugin")
     pi, mu = build_pair(cfg.instance)
     pairs = {"identical (pi vs pi)": (pi, pi, 0.0), "different (pi vs mu)": (pi, mu, exact_tv(pi, mu))}
     rows = []
@@ -29,7 +35,8 @@ def study(cfg):
         subkeys = iter(jax.random.split(key, len(s.sigmas) * len(pairs)))
         for sigma in s.sigmas:
             for label, (a, b, truth) in pairs.items():
-                values = replicate(sized("plugin"), next(subkeys), s.reps, a, b, Noisy(sigma), s.num_per_side, r,
+                sizes = plugin.sizes(np.int32(s.num_per_side), np.int32(r))
+                values = replicate(plugin.fn, next(subkeys), s.reps, a, b, Noisy(sigma), sizes,
                                    fast_compile=cfg.fast_compile).value
                 _, rmse, bias = errors(values, truth)
                 rows.append({"pair": label, "sigma": sigma, "r": r, "truth": truth, "mean": float(np.mean(values)),
@@ -43,11 +50,11 @@ def study(cfg):
 def plot(rows, sigmas, pairs):
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for sigma in sigmas:
-        for label, (_, _, truth) in pairs.items():
+        for label in pairs:
             pts = sorted((r["r"], r["mean"], r["std"]) for r in rows if r["pair"] == label and r["sigma"] == sigma)
             x, m, sd = map(np.array, zip(*pts))
             ax.errorbar(x, m, yerr=sd, fmt="o-", capsize=3, label=f"{label}, sigma={sigma}")
-    for label, (_, _, truth) in pairs.items():
+    for _, _, truth in pairs.values():
         ax.axhline(truth, color="k", ls=":", lw=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("repeats r per position")
@@ -59,7 +66,7 @@ def plot(rows, sigmas, pairs):
 
 @hydra.main(config_path="../configs", config_name="self_noise", version_base="1.3")
 def main(cfg):
-    run_study(cfg, study)
+    run_study(cfg, study, READS)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite from a fresh clone: create .venv, install tvjax with its test extras,
-# build the engine virtualenvs (each inference engine pins its own torch), then pytest.
+# build the engine virtualenvs (each inference engine pins its own torch), lint (ruff) and check
+# the import layers (import-linter, contracts in pyproject.toml), then pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k core`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,4 +12,6 @@ quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
 quiet .venv/bin/python -m pip install --quiet --upgrade pip
 quiet .venv/bin/python -m pip install --quiet -e '.[test]'
 bash .ci/engines_setup.sh
+.venv/bin/ruff check .
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest "$@"

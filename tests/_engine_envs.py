@@ -7,7 +7,6 @@ Venvs: $TVJAX_TRANSFORMERS_PYTHON / $TVJAX_VLLM_PYTHON, else <repo>/.venv-transf
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,10 +44,6 @@ def run_in(python: str, args: list[str], timeout: float = 600) -> subprocess.Com
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
-
-
-def main_python() -> str:
-    return sys.executable
 
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},

@@ -8,12 +8,22 @@ import numpy as np
 import pytest
 
 from tvjax import Exact, Noisy, Sampler, block_pair, exact_tv, random_tabular_pair
-from tvjax.analysis import (Hygiene, calibrate_sigma, compare_scorers, evaluate_multilevel, support_union,
-                            tv_by_prefix, tv_by_repeats, tv_estimate, write_synthetic_pool, zero_mass_rates)
+from tvjax.analysis import (
+    Hygiene,
+    calibrate_sigma,
+    compare_scorers,
+    evaluate_multilevel,
+    support_union,
+    tv_by_prefix,
+    tv_by_repeats,
+    tv_estimate,
+    zero_mass_rates,
+)
 from tvjax.analysis.__main__ import main as analysis_main
+from tvjax.jsonable import to_jsonable
 from tvjax.pools import PoolWriter, create_pool, load_pool
 from tvjax.report import main as report_main
-from tvjax.report import to_jsonable
+from tvjax.synthetic_pool import write_synthetic_pool
 
 SIGMA = 0.1
 FEW = Hygiene(num_permutations=4)

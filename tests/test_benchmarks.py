@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_benchmark_reports_every_workload(tmp_path):
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)], check=True, cwd=ROOT, timeout=900)
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT, timeout=900)
     report = json.loads(out.read_text())
     assert report["true_tv"] == 0.3883154296875
     for workload in ("convergence", "multilevel", "access"):

@@ -1,5 +1,9 @@
 """The README's main job: the table of the default estimate on the paper's instance."""
 
+from statistics import NormalDist
+
+import pytest
+
 from tvjax import cli
 
 
@@ -12,6 +16,19 @@ def test_main_job_table(capsys):
     assert "true TV = 0.3883154297" in text
     for label in ("exact logits", "noisy logits, sigma=0.1", "sample-only"):
         assert label in text
+    z = NormalDist().inv_cdf(1 - 0.3 / 2)
     for _, result in rows:
-        assert float(result.ci_low) <= float(result.value) <= float(result.ci_high)
+        # The interval is the estimate +- (z stderr + top-level bias), clipped to [0, 1].
+        half = z * float(result.stderr) + float(result.bias)
+        assert float(result.ci_low) == pytest.approx(max(0.0, float(result.value) - half), abs=1e-6)
+        assert float(result.ci_high) == pytest.approx(min(1.0, float(result.value) + half), abs=1e-6)
         assert abs(float(result.value) - truth) < 0.3
+
+
+@pytest.mark.parametrize("argv", [["--eps", "2"], ["--eps", "nan"], ["--delta", "0"], ["--sigma", "-1"], ["--eps", "x"]])
+def test_bad_options_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "Traceback" not in err and argv[0] in err

@@ -14,8 +14,8 @@ from tvjax.instances import (
     enumerate_tv,
     exact_tv,
     paper_block_pair,
-    rare_escape_pair,
     random_tabular_pair,
+    rare_escape_pair,
     tabular_logits,
 )
 
@@ -171,4 +171,15 @@ def test_mismatched_pairs_raise():
     with pytest.raises(ValueError, match="vocabularies"):
         exact_tv(a, b)
     with pytest.raises(ValueError, match="vocabularies"):
-        tvjax.estimators.likelihood_ratio(jax.random.PRNGKey(0), a, b, num_samples=16)
+        tvjax.estimators.likelihood_ratio(jax.random.PRNGKey(0), a, b, tvjax.Exact(), tvjax.Samples(16))
+
+
+def test_rare_escape_uniform_pair_has_the_stated_tv():
+    pi, mu = tvjax.rare_escape_uniform_pair(K=4, n=8, tv_outcomes=0.3, escape_scale=2.0)
+    q = 2.0 / 8
+    assert exact_tv(pi, mu) == pytest.approx((1 - (1 - q) ** 8) * 0.3, rel=1e-12)
+    assert enumerate_tv(pi, mu) == pytest.approx(exact_tv(pi, mu), abs=1e-6)
+    assert pi.max_support == pi.vocab_size == 5
+    for bad in ({"K": 3}, {"K": 0}, {"tv_outcomes": 0.6}):
+        with pytest.raises(ValueError):
+            tvjax.rare_escape_uniform_pair(**bad)

@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from _engine_envs import ROOT, build_tiny_model, engine_python
 from hydra import compose, initialize_config_dir
 
-from _engine_envs import ROOT, build_tiny_model, engine_python
 from tvjax import pools
 
 EXPERIMENTS = ["engine_campaign", "engine_fp32_vs_bf16", "engine_topk20_vs_topk30"]

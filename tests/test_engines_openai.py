@@ -15,8 +15,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from _engine_envs import ROOT, build_tiny_model, engine_env, engine_python, run_job
+
 from tvjax import pools
 
 

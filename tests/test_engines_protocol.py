@@ -30,9 +30,9 @@ def test_load_job_names_what_is_missing(tmp_path):
 def test_read_tokens_refuses_an_unsampled_side(tmp_path):
     writer = pools.create_pool(tmp_path / "pool", n=3, num_per_side=2, repeats=1, scorers=("a", "b"), top_k=2)
     with pytest.raises(pools.PoolError, match="sample them first"):
-        protocol.read_tokens(writer.path, "pi")
+        pools.read_tokens(writer.path, "pi")
     writer.write_tokens("pi", 0, np.arange(6).reshape(2, 3))
-    assert protocol.read_tokens(writer.path, "pi").tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert pools.read_tokens(writer.path, "pi").tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_an_engine_with_another_chat_template_is_refused(tmp_path):
@@ -54,3 +54,16 @@ def test_scored_blocks_are_checked():
         protocol.check_scored(good._replace(logprobs=np.full((2, 3), 0.5, np.float32)), tokens, 4)
     with pytest.raises(protocol.EngineError, match="shapes"):
         protocol.check_scored(good, tokens, 5)
+
+
+def test_task_shard_keys_are_the_shards_the_writer_commits(tmp_path):
+    writer = pools.create_pool(tmp_path / "pool", n=3, num_per_side=2, repeats=2, scorers=("a", "b"), top_k=2)
+    committed = [writer.write_tokens("mu", 0, np.arange(6).reshape(2, 3))]
+    for j in range(2):
+        committed.append(writer.write_draws("mu", "b", 0, j, np.full((2, 3, 1), -0.5, np.float32),
+                                            topk_ids=np.zeros((2, 3, 1, 2), np.int32),
+                                            topk_logprobs=np.full((2, 3, 1, 2), -0.5, np.float32)))
+    keys = [key for op in ("sample", "score") for key in protocol.task_shard_keys({"op": op, "side": "mu"}, "b", writer.spec)]
+    assert keys == committed
+    with pytest.raises(ValueError, match="unknown task op"):
+        protocol.task_shard_keys({"op": "echo", "side": "mu"}, "b", writer.spec)

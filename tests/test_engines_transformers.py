@@ -8,8 +8,8 @@ bit for bit (deviation 0; asserted <= 1e-5); eager vs sdpa attention differ by <
 
 import numpy as np
 import pytest
-
 from _engine_envs import build_tiny_model, check_own_side, engine_python, require, run_in, run_job
+
 from tvjax import pools
 
 

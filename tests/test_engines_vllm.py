@@ -9,8 +9,8 @@ on both sides (asserted <= 1e-3); vLLM's prompt log-prob scorer (prefill) agrees
 
 import numpy as np
 import pytest
-
 from _engine_envs import build_tiny_model, check_own_side, engine_python, run_job
+
 from tvjax import pools
 
 

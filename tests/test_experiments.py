@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tvjax.estimators import plugin
+from tvjax import cost
+from tvjax.estimators import Configured, plugin
 from tvjax.instances import exact_tv, random_tabular_pair
-from tvjax.oracles import Noisy
-from tvjax.sweeps import (ConfigError, build_estimator, build_oracle, build_pair, config_digest, equal_share_schedule,
-                          loglog_fit, per_trajectory_queries, run_study)
+from tvjax.oracles import Exact, LogitNoise, Noisy, Sampler
+from tvjax.schedules import Level, equal_share_schedule
+from tvjax.studies import loglog_fit
+
+from studykit import ConfigError, build, build_pair, config_digest, run_study, study_view
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -71,7 +74,8 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
     app = STUDIES[experiment]
     cfg = composed(app, [f"experiment={experiment}", "smoke=true"])
     assert cfg.study.name == app and cfg.smoke
-    record = run_study(cfg, load_app(app).study, out_dir=tmp_path)
+    module = load_app(app)
+    record = run_study(cfg, module.study, module.READS, out_dir=tmp_path)
     check_outputs(tmp_path, record)
     results = record["results"]
     if app == "convergence":
@@ -83,38 +87,60 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
 
 
 def test_estimate_app_runs_and_every_group_option_builds(tmp_path):
-    cfg = composed("config", ["instance=random_tabular", "estimator=mixture", "estimator.num_per_side=64"])
-    check_outputs(tmp_path, run_study(cfg, load_app("estimate").study, out_dir=tmp_path))
+    cfg = composed("config", ["instance=random_tabular", "estimator=plugin", "estimator.sizes.num_per_side=64"])
+    estimate = load_app("estimate")
+    check_outputs(tmp_path, run_study(cfg, estimate.study, estimate.READS, out_dir=tmp_path))
     saved = json.loads((tmp_path / "results.json").read_text())["results"]
-    assert saved["ci_low"] <= saved["value"] <= saved["ci_high"] and saved["queries"] > 0
+    assert saved["ci_low"] <= saved["value"] <= saved["ci_high"]
+    assert saved["queries"] == 2 * 64 * cost.trajectory_queries(1, 6, 64)
     for option in group_options("instance"):
         pi, mu = build_pair(composed("config", [f"instance={option}"]).instance)
         assert 0.0 < exact_tv(pi, mu) <= 1.0, option
-    for option in group_options("oracle"):
-        build_oracle(composed("config", [f"oracle={option}"]).oracle)
+    oracles = {"exact": Exact, "noisy": Noisy, "sampler": Sampler, "logit_noise": LogitNoise}
+    assert set(group_options("oracle")) == set(oracles)
+    for option, kind in oracles.items():
+        oracle = build(composed("config", [f"oracle={option}"]).oracle)
+        assert type(oracle) is kind and oracle.noise_level(pi, mu) >= 0, option
+    # Every estimator option builds a registered estimator that runs and spends what it says.
+    pi, mu = random_tabular_pair(seed=1, n=3)
     for option in group_options("estimator"):
-        assert callable(build_estimator(composed("config", [f"estimator={option}"]).estimator))
+        estimator = build(composed("config", [f"estimator={option}"]).estimator)
+        assert isinstance(estimator, Configured) and estimator.name == option
+        result = estimator(jax.random.key(0), pi, mu, Noisy(0.1))
+        assert 0.0 <= float(result.value) <= 1.0 and float(result.queries) == estimator.queries(pi.n), option
 
 
 def test_bad_configs_fail_clearly():
     with pytest.raises(ConfigError, match="unknown estimator"):
-        build_estimator({"name": "magic"})
-    with pytest.raises(ConfigError, match="takes"):
-        build_estimator({"name": "plugin", "num_samples": 3})
+        build({"_target_": "tvjax.estimators.configured", "name": "magic", "sizes": {}})
+    with pytest.raises(ConfigError, match="takes sizes"):
+        build({"_target_": "tvjax.estimators.configured", "name": "plugin", "sizes": {"num_samples": 3}})
     with pytest.raises(ConfigError, match="no parameter"):
         build_pair(composed("config").instance, K=4)
+    with pytest.raises(ConfigError, match=r"needs the config key\(s\) \['study'\]: pick one"):
+        study_view(composed("config"), ("seed", "study"))
     bounds = load_app("bounds")
     cfg = composed("bounds", ["smoke=true", "study_smoke.grids=[{access: exact, axis: width, values: [1]}]"])
     with pytest.raises(ConfigError, match="unknown grid axis"):
-        bounds.study(cfg)
+        bounds.study(study_view(cfg, bounds.READS))
+
+
+def test_a_study_reads_only_what_it_declares():
+    """The view a study gets holds its declared keys only: reading another one is an error, so a
+    done-marker over that view cannot miss a key the study uses."""
+    cfg = composed("convergence", ["smoke=true"])
+    view = study_view(cfg, load_app("convergence").READS)
+    assert view.study.reps == cfg.study_smoke.reps  # smoke merged over the study
+    with pytest.raises(Exception, match="estimator"):
+        _ = view.estimator
 
 
 def test_query_accounting_matches_the_estimators():
     pi, mu = random_tabular_pair(seed=1, n=3)
-    est = plugin(jax.random.key(0), pi, mu, Noisy(0.1), num_per_side=4, repeats=3)
-    assert float(est.queries) == 4 * per_trajectory_queries(pi.n, 3)
+    est = plugin(jax.random.key(0), pi, mu, Noisy(0.1), Level(4, 3))
+    assert float(est.queries) == 4 * cost.symmetric_queries(1, pi.n, 3)
     schedule = equal_share_schedule(1e6, 128, (16, 64))
-    spent = [N * per_trajectory_queries(128, r) for N, r in zip(*schedule)]
+    spent = [cost.symmetric_queries(N, 128, r) for N, r in zip(*schedule)]
     assert max(spent) <= 0.5e6 and min(spent) > 0.49e6
 
 
@@ -144,13 +170,13 @@ def run_app(args, cwd):
     return proc
 
 
-TINY = ["instance=random_tabular", "estimator=mixture"]
+TINY = ["instance=random_tabular", "estimator=plugin", "estimator.sizes.repeats=1"]
 
 
 def test_joblib_multirun_completes_and_rerun_skips_finished_jobs(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", *TINY,
-            "estimator.num_per_side=32,64"]
+            "estimator.sizes.num_per_side=32,64"]
     run_app(args, tmp_path)
     results = sorted(sweep.glob("*/results.json"))
     assert len(results) == 2 and (sweep / "sweep_summary.csv").exists() and (sweep / "sweep_summary.png").exists()
@@ -162,14 +188,19 @@ def test_joblib_multirun_completes_and_rerun_skips_finished_jobs(tmp_path):
 def test_submitit_local_multirun_completes(tmp_path):
     sweep = tmp_path / "sweep"
     run_app(["-m", "hydra/launcher=local_cluster", "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", *TINY,
-             "estimator.num_per_side=32"], tmp_path)
+             "estimator.sizes.num_per_side=32"], tmp_path)
     (result,) = sweep.glob("*/results.json")
-    assert json.loads(result.read_text())["results"]["estimator"] == "mixture"
+    assert json.loads(result.read_text())["results"]["estimator"] == "plugin"
 
 
-def test_done_marker_is_keyed_by_the_resolved_config(tmp_path):
-    cfg = composed("config", TINY)
-    other = composed("config", [*TINY, "seed=1"])
-    relocated = composed("config", [*TINY, "sweep_id=elsewhere"])
-    assert config_digest(cfg) != config_digest(other)
-    assert config_digest(cfg) == config_digest(relocated)
+def test_done_marker_is_keyed_by_the_config_the_study_reads(tmp_path):
+    reads = load_app("estimate").READS
+    digest = lambda overrides, reads=reads: config_digest(study_view(composed("config", [*TINY, *overrides]), reads))
+    assert digest([]) != digest(["seed=1"])
+    assert digest([]) != digest(["estimator.sizes.num_per_side=7"])
+    assert digest([]) == digest(["sweep_id=elsewhere"])
+    # A group the study does not read changes nothing: a finished job is not re-run for it.
+    convergence = composed("convergence", ["smoke=true"])
+    unused = composed("convergence", ["smoke=true", "estimator=multilevel", "delta=0.2"])
+    assert config_digest(study_view(convergence, load_app("convergence").READS)) == \
+        config_digest(study_view(unused, load_app("convergence").READS))

@@ -1,6 +1,8 @@
 """Pool format: round trip, kill-and-resume without duplicate or lost trajectories, precise refusals."""
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -9,9 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from numcodecs.zstd import Zstd
 
-from tvjax.pools import (FORMAT_VERSION, PoolError, PoolWriter, coverage, create_pool, draws_key, load_pool,
-                         open_pool_writer, read_spec, tokens_key)
+from tvjax.pools import (
+    FORMAT_VERSION,
+    PoolError,
+    PoolWriter,
+    coverage,
+    create_pool,
+    draws_key,
+    load_pool,
+    open_pool_writer,
+    read_spec,
+    read_tokens,
+    tokens_key,
+)
 
 N, n, R, K = 10, 5, 4, 3
 SCORERS = ("vllm", "sglang")
@@ -28,14 +42,16 @@ def engine_data(seed=0):
     return tokens, draws, ids, tlp
 
 
-def run_campaign(path, seed=0):
+def run_campaign(path, seed=0, sample_logprobs=False):
     """Engine-style campaign, resumable: tokens, then one pass over all rows at a time."""
     tokens, draws, ids, tlp = engine_data(seed)
     writer = create_pool(path, n=n, num_per_side=N, repeats=R, scorers=SCORERS, top_k=K,
-                         metadata={"engine": "test", "model": "m"}, row_chunk=4, exist_ok=True)
+                         sample_logprobs=sample_logprobs, metadata={"engine": "test", "model": "m"}, row_chunk=4,
+                         exist_ok=True)
     for side in ("pi", "mu"):
         if not writer.is_done(tokens_key(side, 0, N)):
-            writer.write_tokens(side, 0, tokens[side])
+            slp = draws[(side, SCORERS[0])][:, :, 0] if sample_logprobs else None
+            writer.write_tokens(side, 0, tokens[side], sample_logprobs=slp)
         for sc in SCORERS:
             for j in range(R):
                 if not writer.is_done(draws_key(side, sc, 0, N, j, j + 1)):
@@ -231,3 +247,142 @@ def test_format_version_mismatch_is_refused(tmp_path):
 def test_pools_module_imports_no_jax():
     code = "import sys, tvjax.pools; assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# one chunk of every kind of array (row_chunk=4, pass_chunk=1): name, chunk grid coordinates, what it covers
+CHUNKS = [("tokens/mu", (1, 0), "rows 4:8"),
+          ("sample_logprobs/pi", (2, 0), "rows 8:10"),
+          ("logprobs/pi/sglang", (1, 0, 2), "rows 4:8, passes 2:3"),
+          ("topk_ids/mu/vllm", (0, 0, 3, 0), "rows 0:4, passes 3:4"),
+          ("topk_logprobs/pi/vllm", (2, 0, 1, 0), "rows 8:10, passes 1:2")]
+
+
+def chunk_file(path, name, coords):
+    return Path(path, name, "c", *map(str, coords))
+
+
+def damage(file, how):
+    """Truncate, flip the middle byte, delete, or overwrite with garbage one chunk file."""
+    data = bytearray(file.read_bytes())
+    if how == "truncate":
+        file.write_bytes(data[:len(data) // 2])
+    elif how == "flip":
+        data[len(data) // 2] ^= 0xFF
+        file.write_bytes(data)
+    elif how == "delete":
+        file.unlink()
+    else:
+        file.write_bytes(np.random.default_rng(0).bytes(len(data)))
+
+
+def decodable_flip(file):
+    """Flip a byte that zstd still decodes to a same-sized, different chunk: only the checksum can see it."""
+    data = bytearray(file.read_bytes())
+    payload, reference = bytes(data[:-4]), Zstd().decode(bytes(data[:-4]))  # the last 4 bytes: crc32c
+
+    def decodes_wrong(i):
+        flipped = bytearray(payload)
+        flipped[i] ^= 0xFF
+        try:
+            out = Zstd().decode(bytes(flipped))
+        except RuntimeError:
+            return False
+        return len(out) == len(reference) and out != reference
+
+    candidates = [i for i in range(len(payload)) if decodes_wrong(i)]
+    assert candidates, f"no decodable flip in {file}"
+    i = min(candidates, key=lambda j: abs(j - len(payload) // 2))
+    data[i] ^= 0xFF
+    file.write_bytes(data)
+
+
+def chunk_message(name, coords, covers):
+    return re.escape(f"array {name}: ") + ".*" + re.escape(f"chunk {coords} ({covers})")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pristine") / "pool"
+    run_campaign(path, sample_logprobs=True)
+    return path
+
+
+@pytest.fixture
+def pool(pristine, tmp_path):
+    return Path(shutil.copytree(pristine, tmp_path / "pool"))
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "delete", "garbage"])
+@pytest.mark.parametrize("name,coords,covers", CHUNKS)
+def test_damaged_chunk_is_named(pool, name, coords, covers, how):
+    damage(chunk_file(pool, name, coords), how)
+    with pytest.raises(PoolError, match=chunk_message(name, coords, covers)):
+        load_pool(pool)
+    with pytest.raises(PoolError, match=chunk_message(name, coords, covers)):
+        load_pool(pool, partial=True)
+
+
+@pytest.mark.parametrize("name,coords,covers", CHUNKS)
+def test_flip_that_still_decompresses_is_caught_by_the_checksum(pool, name, coords, covers):
+    decodable_flip(chunk_file(pool, name, coords))
+    with pytest.raises(PoolError, match=chunk_message(name, coords, covers)):
+        load_pool(pool)
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "delete", "garbage"])
+def test_read_tokens_names_the_damaged_chunk(pool, how):
+    damage(chunk_file(pool, "tokens/pi", (2, 0)), how)
+    np.testing.assert_array_equal(read_tokens(pool, "mu"), engine_data()[0]["mu"])
+    with pytest.raises(PoolError, match=chunk_message("tokens/pi", (2, 0), "rows 8:10")):
+        read_tokens(pool, "pi")
+
+
+def test_partial_load_reads_only_committed_chunks(pool):
+    # a killed writer can leave any bytes in an uncommitted region: a partial load never reads them
+    (pool / "commits" / f"{draws_key('mu', 'sglang', 0, N, 1, 2)}.json").unlink()
+    damage(chunk_file(pool, "logprobs/mu/sglang", (0, 0, 1)), "garbage")
+    part = load_pool(pool, partial=True)
+    assert part.passes.tolist() == [0, 2, 3]
+    np.testing.assert_array_equal(part.logprobs["mu"]["sglang"], engine_data()[1][("mu", "sglang")][:, :, [0, 2, 3]])
+    damage(chunk_file(pool, "logprobs/mu/sglang", (1, 0, 2)), "truncate")
+    with pytest.raises(PoolError, match=chunk_message("logprobs/mu/sglang", (1, 0, 2), "rows 4:8, passes 2:3")):
+        load_pool(pool, partial=True)
+
+
+def test_write_into_a_damaged_chunk_is_refused(tmp_path):
+    writer = create_pool(tmp_path / "p", n=n, num_per_side=N, repeats=R, row_chunk=4)
+    tokens = engine_data()[0]["pi"]
+    writer.write_tokens("pi", 0, tokens[:2])
+    damage(chunk_file(tmp_path / "p", "tokens/pi", (0, 0)), "flip")
+    with pytest.raises(PoolError, match=re.escape("array tokens/pi: cannot write into damaged chunk (0, 0) "
+                                                  "(rows 0:4)")):
+        writer.write_tokens("pi", 2, tokens[2:4])  # rows 2:4 share the chunk of rows 0:2
+
+
+def test_intact_nan_and_negative_ids_are_named_by_chunk(pool):
+    group = zarr.open_group(str(pool), mode="r+")
+    group["logprobs/mu/vllm"][5, 2, 1] = np.nan  # an intact chunk (valid checksum) holding bad values
+    with pytest.raises(PoolError, match=re.escape("array logprobs/mu/vllm: committed region holds NaN in "
+                                                  "chunk (1, 0, 1) (rows 4:8, passes 1:2)")):
+        load_pool(pool)
+    group["tokens/pi"][9, 0] = -3
+    with pytest.raises(PoolError, match=re.escape("array tokens/pi: committed region holds negative token ids "
+                                                  "in chunk (2, 0) (rows 8:10)")):
+        read_tokens(pool, "pi")
+
+
+def test_old_format_pool_is_refused(pool):
+    zarr.open_group(str(pool), mode="r+").attrs["format_version"] = 1  # version 1: chunks without checksums
+    message = f"pool format version 1, this tvjax reads version {FORMAT_VERSION}; the format differs"
+    for attempt in (lambda: load_pool(pool), lambda: read_tokens(pool, "pi"), lambda: open_pool_writer(pool),
+                    lambda: create_pool(pool, n=n, num_per_side=N, repeats=R, scorers=SCORERS, top_k=K,
+                                        sample_logprobs=True, row_chunk=4, exist_ok=True)):
+        with pytest.raises(PoolError, match=message):
+            attempt()
+
+
+def test_array_without_checksums_is_refused(pool):
+    zarr.open_group(str(pool), mode="r+").create_array("topk_ids/pi/sglang", shape=(N, n, R, K), dtype="int32",
+                                                       chunks=(4, n, 1, K), overwrite=True)
+    with pytest.raises(PoolError, match="array topk_ids/pi/sglang: stored without the crc32c checksum codec"):
+        load_pool(pool)

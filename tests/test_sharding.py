@@ -13,7 +13,7 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import json, jax, numpy as np, tvjax
-    from tvjax.estimators import Schedule
+    from tvjax import Level, Samples, Schedule
     from tvjax.sharding import trajectory_mesh
 
     pi, mu = tvjax.paper_block_pair()
@@ -21,12 +21,12 @@ SCRIPT = textwrap.dedent(
     key = jax.random.key(7)
     schedule = Schedule((96, 32), (1, 8))
     runs = {
-        "likelihood_ratio": lambda: tvjax.likelihood_ratio(key, pi, mu, num_samples=300),
+        "likelihood_ratio": lambda: tvjax.likelihood_ratio(key, pi, mu, tvjax.Exact(), Samples(300)),
         "multilevel_noisy": lambda: tvjax.multilevel(key, pi, mu, tvjax.Noisy(0.5), schedule, num_groups=3),
-        "sample_only": lambda: tvjax.sample_only(key, tab_pi, tab_mu, schedule),
-        "plugin_logit_noise": lambda: tvjax.plugin(key, tab_pi, tab_mu, tvjax.LogitNoise(0.3), 64, 4),
-        "plugin_kl": lambda: tvjax.plugin_kl(key, tab_pi, tab_mu, num_samples=200),
-        "likelihood_ratio_copies": lambda: tvjax.likelihood_ratio(key, pi, mu, num_samples=40, copies=16),
+        "sample_only": lambda: tvjax.multilevel(key, tab_pi, tab_mu, tvjax.Sampler(), schedule),
+        "plugin_logit_noise": lambda: tvjax.plugin(key, tab_pi, tab_mu, tvjax.LogitNoise(0.3), Level(64, 4)),
+        "plugin_kl": lambda: tvjax.plugin_kl(key, tab_pi, tab_mu, tvjax.Exact(), Samples(200)),
+        "likelihood_ratio_copies": lambda: tvjax.likelihood_ratio(key, pi, mu, tvjax.Exact(), Samples(40), copies=16),
         "multilevel_copies": lambda: tvjax.multilevel(key, pi, mu, tvjax.Noisy(0.5), schedule, copies=3),
     }
     mesh = trajectory_mesh()
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
         with jax.set_mesh(mesh):
             sharded = run()
         out[name] = [np.concatenate([np.ravel(x) for x in jax.tree.leaves(r)]).tolist() for r in (single, sharded)]
-    program = jax.jit(lambda k, p, m: tvjax.likelihood_ratio(k, p, m, num_samples=1024, copies=4).value)
+    program = jax.jit(lambda k, p, m: tvjax.likelihood_ratio(k, p, m, tvjax.Exact(), Samples(1024), copies=4).value)
     with jax.set_mesh(mesh):
         hlo = program.lower(key, pi, mu).compile().as_text()
     out["collectives"] = {op: hlo.count(op) for op in ("all-reduce", "all-gather")}

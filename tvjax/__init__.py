@@ -16,6 +16,7 @@ _EXPORTS = {
     "paper_block_pair": "tvjax.instances",
     "block_pair": "tvjax.instances",
     "rare_escape_pair": "tvjax.instances",
+    "rare_escape_uniform_pair": "tvjax.instances",
     "random_tabular_pair": "tvjax.instances",
     "exact_tv": "tvjax.instances",
     # oracles
@@ -26,31 +27,40 @@ _EXPORTS = {
     # currency
     "mixture_z": "tvjax.currency",
     "likelihood_ratio_term": "tvjax.currency",
+    # sizes and schedules
+    "Samples": "tvjax.schedules",
+    "Level": "tvjax.schedules",
+    "Schedule": "tvjax.schedules",
+    "paper_schedule": "tvjax.schedules",
+    "pad_schedule": "tvjax.schedules",
     # estimators
+    "REGISTRY": "tvjax.estimators",
+    "lookup": "tvjax.estimators",
+    "configured": "tvjax.estimators",
     "Estimate": "tvjax.estimators",
     "LevelStats": "tvjax.estimators",
-    "Schedule": "tvjax.estimators",
-    "paper_schedule": "tvjax.estimators",
-    "pad_schedule": "tvjax.estimators",
+    "KLEstimate": "tvjax.estimators",
     "likelihood_ratio": "tvjax.estimators",
-    "mixture": "tvjax.estimators",
     "plugin": "tvjax.estimators",
     "multilevel": "tvjax.estimators",
-    "sample_only": "tvjax.estimators",
     "plugin_kl": "tvjax.estimators",
     "k3_pinsker": "tvjax.estimators",
-    "naive_noisy_plugin": "tvjax.estimators",
     "summarize_levels": "tvjax.estimators",
-    "KLEstimate": "tvjax.estimators",
+    # repeated estimates
+    "replicate": "tvjax.studies",
     # pools and their analyses
     "create_pool": "tvjax.pools",
     "load_pool": "tvjax.pools",
     "PoolError": "tvjax.pools",
-    "write_synthetic_pool": "tvjax.analysis",
+    "write_synthetic_pool": "tvjax.synthetic_pool",
     # front door
     "TVEstimate": "tvjax.api",
+    "confidence_interval": "tvjax.api",
     "estimate_tv": "tvjax.api",
 }
+
+MODULES = {"instances", "oracles", "currency", "cost", "schedules", "streaming", "programs", "estimators", "studies",
+           "api", "pools", "synthetic_pool", "analysis", "report", "engines", "jsonable", "sharding", "validate"}
 
 __all__ = sorted(_EXPORTS)
 
@@ -60,7 +70,7 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    if name in {"instances", "oracles", "currency", "estimators", "api", "pools", "analysis", "engines"}:
+    if name in MODULES:
         return importlib.import_module(f"tvjax.{name}")
     raise AttributeError(f"module 'tvjax' has no attribute {name!r}")
 

@@ -8,14 +8,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from tvjax.estimators import (
-    Estimate,
-    groups_for_confidence,
-    likelihood_ratio,
-    multilevel,
-    paper_schedule,
-)
-from tvjax.oracles import ACCESS_MODELS, Exact, LogitNoise, Noisy, Sampler
+from tvjax.estimators import Estimate, lookup
+from tvjax.oracles import ACCESS_MODELS, LogitNoise, Noisy
+from tvjax.schedules import Samples, groups_for_confidence, paper_schedule
 from tvjax.validate import check_pair, check_range
 
 
@@ -70,20 +65,6 @@ def resolve_oracle(access, sigma=None, scale=None):
     return ACCESS_MODELS[access]()
 
 
-def relative_noise(oracle, pi, mu):
-    """The sigma the paper's schedule is built for: 0 for exact logits, sigma for Noisy, sqrt(K)
-    for samplers (Lemma 4: sigma^2 <= K), and the logit scale for LogitNoise (Lemma 5, first order)."""
-    if isinstance(oracle, Exact):
-        return 0.0
-    if isinstance(oracle, Noisy):
-        return float(oracle.sigma)
-    if isinstance(oracle, Sampler):
-        return math.sqrt(max(pi.max_support, mu.max_support))
-    if isinstance(oracle, LogitNoise):
-        return float(oracle.scale)
-    raise TypeError(f"unsupported oracle {oracle!r}")
-
-
 def estimate_tv(key, pi, mu, access="exact", eps=0.05, delta=0.1, sigma=None, scale=None):
     """Estimate TV(pi, mu) to accuracy eps with probability 1 - delta.
 
@@ -95,10 +76,10 @@ def estimate_tv(key, pi, mu, access="exact", eps=0.05, delta=0.1, sigma=None, sc
     check_range("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     oracle = resolve_oracle(access, sigma, scale)
-    noise = relative_noise(oracle, pi, mu)
+    noise = oracle.noise_level(pi, mu)
     if noise == 0.0:
         num = max(2, math.ceil(math.log(2 / delta) / (2 * eps**2)))
-        return confidence_interval(likelihood_ratio(key, pi, mu, oracle, num_samples=num), delta)
+        return confidence_interval(lookup("likelihood_ratio").fn(key, pi, mu, oracle, Samples(num)), delta)
     schedule = paper_schedule(eps, noise, pi.n)
     groups = groups_for_confidence(delta)
-    return confidence_interval(multilevel(key, pi, mu, oracle, schedule, num_groups=groups), delta)
+    return confidence_interval(lookup("multilevel").fn(key, pi, mu, oracle, schedule, num_groups=groups), delta)

@@ -1,13 +1,13 @@
 """`python -m tvjax`: the default estimate on the paper's instance under each access model."""
 
 import argparse
+import math
 import time
 
 import jax
 
 from tvjax.api import estimate_tv
 from tvjax.instances import exact_tv, paper_block_pair
-
 
 ACCESS_ROWS = (("exact", "exact logits"), ("noisy", "noisy logits, sigma={sigma}"), ("sampler", "sample-only"))
 
@@ -47,12 +47,28 @@ def run(seed=0, eps=0.05, delta=0.1, sigma=0.1, emit=print):
     return truth, rows
 
 
+def _number(low, high=None):
+    """An argparse type: a finite float in (low, high), or >= low when high is None."""
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        inside = math.isfinite(value) and (low < value < high if high is not None else value >= low)
+        if not inside:
+            raise argparse.ArgumentTypeError(f"{text} is not in {f'({low}, {high})' if high is not None else f'[{low}, inf)'}")
+        return value
+
+    return parse
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eps", type=float, default=0.05, help="target accuracy")
-    parser.add_argument("--delta", type=float, default=0.1, help="failure probability")
-    parser.add_argument("--sigma", type=float, default=0.1, help="relative noise of the noisy oracle")
+    parser.add_argument("--eps", type=_number(0.0, 1.0), default=0.05, help="target accuracy, in (0, 1)")
+    parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.1, help="failure probability, in (0, 1)")
+    parser.add_argument("--sigma", type=_number(0.0), default=0.1, help="relative noise of the noisy oracle, >= 0")
     args = parser.parse_args(argv)
     run(args.seed, args.eps, args.delta, args.sigma, emit=lambda line: print(line, flush=True))
 

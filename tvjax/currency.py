@@ -37,15 +37,6 @@ def likelihood_ratio_term(log_p_pi, log_p_mu):
     return jnp.where(pi_zero, 0.0, term)
 
 
-def log_mean_prob(draw_logprobs, axis=-1):
-    """log(mean_r exp(draw_logprobs)) along `axis`; -inf when every draw is -inf."""
-    num = draw_logprobs.shape[axis]
-    peak = jnp.max(draw_logprobs, axis=axis, keepdims=True)
-    safe_peak = jnp.where(jnp.isneginf(peak), 0.0, peak)
-    summed = jnp.sum(jnp.exp(draw_logprobs - safe_peak), axis=axis)
-    return jnp.squeeze(safe_peak, axis) + jnp.log(summed) - jnp.log(num)
-
-
 def log_clipped_mean(prob_sum, repeats, floor):
     """log of the r-average of probability draws, clipped to [floor, 1] (floor=0: a zero stays -inf)."""
     return jnp.log(jnp.clip(prob_sum / repeats, floor, 1.0))

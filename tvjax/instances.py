@@ -9,7 +9,7 @@ Exact TV (the ground truth) lives here too: analytic where the paper gives it, e
 """
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,15 @@ def _bits_to_int(bits):
 # --------------------------------------------------------------------------- block instance
 
 
+class BlockConstruction(NamedTuple):
+    """How `block_pair` built a block pair: enough for the analytic TV."""
+
+    seed: int
+    block_bits: int
+    p_active: float
+    alpha: float
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockProcess:
     """Binary block construction (paper 3.2, B.2).
@@ -45,7 +54,7 @@ class BlockProcess:
     final_p1: jax.Array  # float [num_blocks], P(final bit = 1) in each block
     n: int
     block_bits: int
-    construction: Optional[tuple] = None  # (seed, block_bits, p_active, alpha) when built by block_pair
+    construction: Optional[BlockConstruction] = None  # set by block_pair
     vocab_size: int = 2
     max_support: int = 2
 
@@ -122,7 +131,7 @@ def block_pair(seed=10, n=128, block_bits=12, p_active=0.4, alpha=0.49):
         np.random.default_rng(seed), num_blocks, n - block_bits - 1, p_active
     )
     tilt = np.where(active, alpha, 0.0) * np.where(orientation == 1, 1.0, -1.0)
-    construction = (int(seed), int(block_bits), float(p_active), float(alpha))
+    construction = BlockConstruction(int(seed), int(block_bits), float(p_active), float(alpha))
     make = lambda p1: BlockProcess(hidden, np.asarray(p1, np.float32), n, block_bits, construction)
     return make(0.5 + tilt), make(0.5 - tilt)
 
@@ -139,8 +148,7 @@ def _block_tv(pi, mu):
     p_mu = np.asarray(mu.final_p1, np.float64)
     if pi.construction is not None and pi.construction == mu.construction:
         # Exact in float64 from the construction: each differing block contributes 2 * alpha.
-        alpha = pi.construction[3]
-        return 2.0 * alpha * int(np.sum(p_pi != p_mu)) / p_pi.size
+        return 2.0 * pi.construction.alpha * int(np.sum(p_pi != p_mu)) / p_pi.size
     return float(np.mean(np.abs(p_pi - p_mu)))
 
 
@@ -158,8 +166,12 @@ class RareEscapeProcess:
     outcome_probs: jax.Array  # float [K]
     escape_prob: jax.Array  # scalar q
     n: int
-    vocab_size: int
-    max_support: int
+    vocab_size: int  # K + 1: "stay" and the K outcomes
+
+    @property
+    def max_support(self):
+        """Largest next-token support: every token is possible before the escape."""
+        return self.vocab_size
 
     def _logs(self):
         q = jnp.asarray(self.escape_prob, jnp.float32)
@@ -192,7 +204,7 @@ class RareEscapeProcess:
         return jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0]
 
 
-_pytree(RareEscapeProcess, ["n", "vocab_size", "max_support"])
+_pytree(RareEscapeProcess, ["n", "vocab_size"])
 
 
 def rare_escape_pair(P, Q, n, escape_scale=1.0):
@@ -208,7 +220,18 @@ def rare_escape_pair(P, Q, n, escape_scale=1.0):
     check_range("escape_scale", escape_scale, 0.0, n, low_open=True, high_open=True)
     q = np.float64(escape_scale) / n
     size = P.size + 1
-    return tuple(RareEscapeProcess(D, q, n, size, size) for D in (P, Q))
+    return tuple(RareEscapeProcess(D, q, n, size) for D in (P, Q))
+
+
+def rare_escape_uniform_pair(K=8, n=64, tv_outcomes=0.5, escape_scale=1.0):
+    """The rare-escape pair (paper 4.4) over K outcomes: P uniform, Q moves tv_outcomes of mass
+    from the second half of the outcomes to the first, so TV(P, Q) = tv_outcomes."""
+    if K < 2 or K % 2:
+        raise ValueError(f"rare_escape_uniform_pair needs an even K >= 2, got K={K}")
+    check_range("tv_outcomes", tv_outcomes, 0.0, 0.5)
+    P = np.full(K, 1.0 / K)
+    shift = np.where(np.arange(K) < K // 2, 1.0, -1.0) * 2.0 * tv_outcomes / K
+    return rare_escape_pair(P, P + shift, n, escape_scale=escape_scale)
 
 
 def _rare_escape_tv(pi, mu):

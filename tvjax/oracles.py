@@ -9,17 +9,21 @@
 
 Where the law of an r-average is known exactly (a Gaussian sum, a binomial count) it is drawn
 directly, level by level with nested partial sums, so cost does not grow with r. Queries are still
-counted as the oracle would answer them: n * r per trajectory.
+counted as the oracle would answer them (`tvjax.cost`): n * r per trajectory and model.
+
+Each oracle says its own noise level (`noise_level(pi, mu)`): the sigma the paper's schedule is
+built for.
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tvjax.currency import LOG_FLOOR, log_clipped_mean
-from tvjax.validate import check_range, check_repeats, is_concrete
+from tvjax.validate import check_range, is_concrete
 
 
 def _pytree(cls, meta=("floor",)):
@@ -33,11 +37,6 @@ def _check_parameter(name, value):
         isinstance(value, jax.Array) and is_concrete(value)
     ):
         check_range(name, value, 0.0)
-
-
-def _increments(repeats):
-    repeats = check_repeats(repeats)
-    return repeats, np.diff((0,) + repeats)
 
 
 def _columns(a, positions):
@@ -64,17 +63,14 @@ class _Oracle:
     need, from the realized log-probs `logp` at the selected positions; `select` takes a
     [num, n, ...] array to those positions, position major: [positions, num, ...]) and
     `_draw_sum(key, state, tokens, count)`: the sum of `count` realized-token probability draws
-    per cell [positions, num], with `count` possibly traced (0 allowed)."""
+    per cell [positions, num], with `count` possibly traced (0 allowed); and
+    `noise_level(pi, mu)`, the relative noise sigma of one draw that the paper's schedule is built
+    for."""
 
     floor = 0.0
     # Rows per chunk when an estimator's sizes are traced: padding wastes at most one chunk per
     # side, and each loop step costs tens of microseconds, so cheap rows want longer chunks.
     traced_chunk_rows = 256
-
-    @staticmethod
-    def queries(num_trajectories, n, repeats):
-        """n * r queries per trajectory; float, since sizes may be traced and counts pass 2**31."""
-        return jnp.asarray(num_trajectories, jnp.float32) * float(n) * jnp.asarray(repeats, jnp.float32)
 
     @staticmethod
     def row_size(process):
@@ -105,40 +101,31 @@ class _Oracle:
         select = lambda a: jnp.moveaxis(_columns(a, positions), 1, 0)
         return self._prepare(process, tokens, select(logp), select), select(tokens), jnp.sum(fixed, axis=-1)
 
-    def nested_path_logprobs(self, key, process, tokens, repeats):
-        """[num, L]: column l is sum_i log(mean of the first repeats[l] draws); nested draws."""
-        repeats, increments = _increments(repeats)
-        state, tokens, fixed = self._stochastic(process, tokens)
-        total = jnp.zeros(tokens.shape)
-        columns = []
-        for level_key, r, extra in zip(jax.random.split(key, len(repeats)), repeats, increments):
-            total = total + self._draw_sum(level_key, state, tokens, int(extra))
-            columns.append(fixed + self._path(total, r))
-        return jnp.stack(columns, axis=-1)
+    def nested_path_logprobs(self, key, models, tokens, repeats):
+        """One [num, L] array per model: column l is the path log-prob of the average of the
+        first repeats[l] draws, nested (the same draws extended), independent between models.
 
-    def coupled_path_logprobs(self, key, models, tokens, coarse, fine):
-        """One [num, 2] array per model: path log-probs of the coarse (first `coarse` draws) and
-        fine (first `fine` draws) averages, nested, independent between models. `coarse` and
-        `fine` may be traced, scalars or per row ([num, 1]); coarse = 0 gives an unused first
-        column. Every draw of every model comes from one random call: on XLA's CPU each call
-        costs tens of microseconds whatever its size. Where some rows have coarse = 0 (a chunk's
-        first-level rows) their coarse sums are drawn anyway and scaled by 0: cheaper to compile
-        and to run here than a branch that skips them."""
+        `repeats` is a sequence of L nondecreasing counts, each a static int, a traced scalar or
+        per row ([num, 1]); a leading count of 0 gives an unused first column (a chunk's
+        first-level rows). Every draw of every model comes from one random call: on XLA's CPU
+        each call costs tens of microseconds whatever its size. Rows whose leading count is 0
+        draw that sum anyway and scale it by 0: cheaper to compile and to run here than a
+        branch that skips them."""
         parts = [self._stochastic(process, tokens) for process in models]
         tokens = parts[0][1]
         states = [state for state, _, _ in parts]
         # Per-row counts [num, 1] apply along the trajectory axis, last in the position-major cells.
-        coarse, fine = (c.reshape(1, -1) if jnp.ndim(c) == 2 else c for c in (coarse, fine))
-        no_coarse = is_concrete(coarse) and np.all(np.asarray(coarse) == 0)
-        counts = [fine] if no_coarse else [coarse, fine - coarse]
-        # [models, len(counts), positions, num]: sums of counts[j] draws, one random call.
-        full = (len(models), len(counts)) + tokens.shape
-        count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, tokens.shape) for c in counts]), full)
+        repeats = [r.reshape(1, -1) if jnp.ndim(r) == 2 else r for r in repeats]
+        no_first = is_concrete(repeats[0]) and np.all(np.asarray(repeats[0]) == 0)
+        increments = ([] if no_first else [repeats[0]]) + [b - a for a, b in zip(repeats, repeats[1:])]
+        # [models, increments, positions, num]: sums of increments[j] draws, one random call.
+        full = (len(models), len(increments)) + tokens.shape
+        count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, tokens.shape) for c in increments]), full)
         state = jax.tree.map(lambda *a: jnp.broadcast_to(jnp.stack(a)[:, None], full + a[0].shape[2:]), *states)
-        sums = self._draw_sum(key, state, jnp.broadcast_to(tokens, full), count)
-        total_coarse = jnp.zeros_like(sums[:, 0]) if no_coarse else sums[:, 0]
-        total_fine = total_coarse + sums[:, -1]
-        columns = jnp.stack([self._path(total_coarse, jnp.maximum(coarse, 1)), self._path(total_fine, fine)], -1)
+        totals = jnp.cumsum(self._draw_sum(key, state, jnp.broadcast_to(tokens, full), count), axis=1)
+        if no_first:
+            totals = jnp.concatenate([jnp.zeros_like(totals[:, :1]), totals], axis=1)
+        columns = jnp.stack([self._path(totals[:, l], jnp.maximum(r, 1)) for l, r in enumerate(repeats)], -1)
         return [fixed[:, None] + column for (_, _, fixed), column in zip(parts, columns)]
 
 
@@ -149,14 +136,12 @@ class Exact(_Oracle):
     floor: float = 0.0
     traced_chunk_rows = 2048
 
-    def nested_path_logprobs(self, key, process, tokens, repeats):
-        repeats = check_repeats(repeats)
-        path = jnp.sum(process.path_logprobs(tokens), axis=-1)
-        return jnp.repeat(path[:, None], len(repeats), axis=1)
-
-    def coupled_path_logprobs(self, key, models, tokens, coarse, fine):
+    def nested_path_logprobs(self, key, models, tokens, repeats):
         paths = [jnp.sum(process.path_logprobs(tokens), axis=-1) for process in models]
-        return [jnp.stack([path, path], axis=-1) for path in paths]
+        return [jnp.repeat(path[:, None], len(repeats), axis=1) for path in paths]
+
+    def noise_level(self, pi, mu):
+        return 0.0
 
     def draw_probs(self, key, process, tokens, num_draws):
         p = _realized_probs(process, tokens)
@@ -177,6 +162,9 @@ class Noisy(_Oracle):
 
     def __post_init__(self):
         _check_parameter("sigma", self.sigma)
+
+    def noise_level(self, pi, mu):
+        return float(self.sigma)
 
     def _prepare(self, process, tokens, logp, select):
         p = jnp.exp(logp)
@@ -211,6 +199,10 @@ class Sampler(_Oracle):
 
     floor: float = LOG_FLOOR
 
+    def noise_level(self, pi, mu):
+        # Lemma 4: a prefix sampler is a noisy oracle with sigma^2 <= K, the largest support.
+        return math.sqrt(max(pi.max_support, mu.max_support))
+
     def _prepare(self, process, tokens, logp, select):
         return jnp.exp(logp)
 
@@ -242,6 +234,10 @@ class LogitNoise(_Oracle):
 
     def __post_init__(self):
         _check_parameter("scale", self.scale)
+
+    def noise_level(self, pi, mu):
+        # Lemma 5, to first order: the logit noise scale acts as the relative noise level.
+        return float(self.scale)
 
     @staticmethod
     def row_size(process):

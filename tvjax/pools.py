@@ -3,7 +3,9 @@
 A pool holds, for each sampling side ("pi", "mu"), N trajectories of length n, and for every
 (side, scorer) pair R replay-scoring passes of realized-token log-probabilities (optionally with the
 top-k ids and log-probabilities of every pass). It is a zarr v3 directory store plus a folder of
-commit markers.
+commit markers. Every chunk is zstd-compressed and then carries a crc32c checksum, so a truncated,
+bit-flipped or overwritten chunk file is refused (naming its array and chunk) instead of decoding to
+wrong numbers; a deleted chunk file of a committed region is refused too.
 
 This module imports no JAX (only numpy, zarr and the standard library): engine bridges import it
 inside engine virtualenvs.
@@ -40,6 +42,7 @@ Typical engine use (one replay pass over all N trajectories at a time)::
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import re
@@ -49,11 +52,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
-FORMAT_VERSION = 1
+# 2: chunks carry a crc32c checksum (version 1 pools have none and are refused: recreate them)
+FORMAT_VERSION = 2
 SIDES = ("pi", "mu")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _COMMITS = "commits"
+# zarr's default zstd, then a checksum of the stored bytes: damage is caught before decompression
+_COMPRESSORS = (ZstdCodec(level=0, checksum=False), Crc32cCodec())
+_AXES = ("rows", "positions", "passes", "top-k")
 
 
 class PoolError(Exception):
@@ -255,9 +263,10 @@ class PoolWriter:
             _check_block("sample_logprobs", sample_logprobs, tokens.shape, np.floating)
         key = tokens_key(side, *rows)
         self._refuse_overlap(key, "tokens", side, None, rows, None)
-        self._group[f"tokens/{side}"][rows[0]:rows[1]] = tokens.astype(np.int32)
+        index = (np.arange(*rows), None)
+        _write_block(self._group, f"tokens/{side}", index, tokens.astype(np.int32))
         if sample_logprobs is not None:
-            self._group[f"sample_logprobs/{side}"][rows[0]:rows[1]] = sample_logprobs.astype(np.float32)
+            _write_block(self._group, f"sample_logprobs/{side}", index, sample_logprobs.astype(np.float32))
         self._commit(key, "tokens", side, None, rows, None)
         return key
 
@@ -287,11 +296,11 @@ class PoolWriter:
             _check_block("topk_logprobs", topk_logprobs, logprobs.shape + (spec.top_k,), np.floating)
         key = draws_key(side, scorer, *rows, *passes)
         self._refuse_overlap(key, "draws", side, scorer, rows, passes)
-        sl = (slice(*rows), slice(None), slice(*passes))
-        self._group[f"logprobs/{side}/{scorer}"][sl] = logprobs.astype(np.float32)
+        index = (np.arange(*rows), None, np.arange(*passes), None)
+        _write_block(self._group, f"logprobs/{side}/{scorer}", index, logprobs.astype(np.float32))
         if topk_ids is not None:
-            self._group[f"topk_ids/{side}/{scorer}"][sl] = topk_ids.astype(np.int32)
-            self._group[f"topk_logprobs/{side}/{scorer}"][sl] = topk_logprobs.astype(np.float32)
+            _write_block(self._group, f"topk_ids/{side}/{scorer}", index, topk_ids.astype(np.int32))
+            _write_block(self._group, f"topk_logprobs/{side}/{scorer}", index, topk_logprobs.astype(np.float32))
         self._commit(key, "draws", side, scorer, rows, passes)
         return key
 
@@ -352,7 +361,8 @@ def _read_header(group, path: Path) -> tuple[PoolSpec, dict]:
     attrs = group.attrs.asdict()
     version = attrs.get("format_version")
     if version != FORMAT_VERSION:
-        raise PoolError(f"{path}: pool format version {version!r}, this tvjax reads version {FORMAT_VERSION}")
+        raise PoolError(f"{path}: pool format version {version!r}, this tvjax reads version {FORMAT_VERSION}; "
+                        "the format differs (version 2 added chunk checksums): recreate the pool")
     if "spec" not in attrs or "metadata" not in attrs:
         raise PoolError(f"{path}: pool attributes lack 'spec' or 'metadata'")
     return _spec_from_json(attrs["spec"]), dict(attrs["metadata"])
@@ -387,7 +397,7 @@ def create_pool(path: str | os.PathLike, *, n: int, num_per_side: int, repeats: 
     group = zarr.open_group(store=str(path), mode="w-", zarr_format=3)
     for name, (shape, dtype, chunks) in _array_layout(spec).items():
         fill = -1 if dtype == "int32" else float("nan")
-        group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, fill_value=fill)
+        group.create_array(name, shape=shape, dtype=dtype, chunks=chunks, fill_value=fill, compressors=_COMPRESSORS)
     (path / _COMMITS).mkdir()
     # the header goes last: a pool without it is refused, so a crash here leaves no half-pool
     group.attrs.update({"spec": _spec_to_json(spec), "metadata": meta, "format_version": FORMAT_VERSION})
@@ -421,6 +431,20 @@ def coverage(path: str | os.PathLike) -> dict[str, np.ndarray]:
             (c, d) = rec["passes"]
             masks[f"draws/{rec['side']}/{rec['scorer']}"][a:b, c:d] = True
     return masks
+
+
+def read_tokens(path: str | os.PathLike, side: str) -> np.ndarray:
+    """The committed tokens [N, n] of `side`; raises PoolError unless all N rows are committed."""
+    path = Path(path)
+    _check_side(side)
+    spec, _ = read_spec(path)
+    mask = coverage(path)[f"tokens/{side}"]
+    if not mask.all():
+        raise PoolError(f"{path}: tokens of side {side!r} are not all committed ({_missing_message('tokens/' + side, mask)}); "
+                        "sample them first")
+    shape, dtype, _ = _array_layout(spec)[f"tokens/{side}"]
+    return _load_array(path, _open_group(path, mode="r"), f"tokens/{side}", shape, dtype,
+                       np.arange(spec.num_per_side), None)
 
 
 def _ranges(mask: np.ndarray) -> str:
@@ -460,21 +484,100 @@ def _select(spec: PoolSpec, masks: dict[str, np.ndarray], partial: bool) -> tupl
     return rows, passes
 
 
-def _load_array(group, name: str, shape, dtype: str, rows: np.ndarray, passes: np.ndarray | None):
+def _chunk_grid(arr, index: tuple) -> list[tuple[int, ...]]:
+    """Grid coordinates of the chunks of `arr` holding the selected indices (per axis; None = all)."""
+    axes = [range(grid) if idx is None else np.unique(idx // size).tolist()
+            for idx, size, grid in zip(index, arr.chunks, arr.cdata_shape)]
+    return list(itertools.product(*axes))
+
+
+def _chunk_name(arr, coords: tuple[int, ...]) -> str:
+    """'chunk (1, 0, 2) (rows 4:8, passes 2:3)': grid coordinates and the rows / passes they cover."""
+    spans = [f"{axis} {c * size}:{min((c + 1) * size, total)}"
+             for axis, c, size, total in zip(_AXES, coords, arr.chunks, arr.shape) if axis in ("rows", "passes")]
+    return f"chunk {tuple(int(c) for c in coords)} ({', '.join(spans)})"
+
+
+def _listing(items: list[str], limit: int = 4) -> str:
+    """The first `limit` items joined, then a count: a whole damaged array must not make a huge message."""
+    more = f"; and {len(items) - limit} more" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def _bad_chunks(arr, chunks) -> list[str]:
+    """Chunk-by-chunk re-read, the slow path after a failed read: 'chunk ...: error' per unreadable chunk."""
+    bad = []
+    for coords in chunks:
+        try:
+            arr.get_block_selection(coords)
+        except Exception as e:  # checksum mismatch (ValueError), zstd (RuntimeError), I/O errors
+            bad.append(f"{_chunk_name(arr, coords)}: {e}")
+    return bad
+
+
+def _selection(index: tuple) -> tuple:
+    """zarr selection of `index` (per axis: sorted indices or None = all), a slice where contiguous."""
+    return tuple(slice(None) if idx is None
+                 else slice(int(idx[0]), int(idx[-1]) + 1) if idx[-1] - idx[0] + 1 == len(idx) else idx
+                 for idx in index)
+
+
+def _write_block(group, name: str, index: tuple, block: np.ndarray) -> None:
+    """Write `block` at the contiguous rows (x passes) of `index` (per axis; None = all; cut to the
+    array's rank); a write into part of a damaged chunk is refused."""
+    # with empty chunks written too, every chunk of a committed region has a file: a missing one is damage
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        arr = group[name]
+    index = index[:arr.ndim]
+    try:
+        arr[_selection(index)] = block
+    except Exception as e:
+        bad = _bad_chunks(arr, _chunk_grid(arr, index))
+        if not bad:
+            raise
+        raise PoolError(f"array {name}: cannot write into damaged {_listing(bad)}") from e
+
+
+def _flagged_chunks(arr, index: tuple, flags: np.ndarray) -> str:
+    """Names of the chunks holding the True cells of `flags` (a mask over the selection `index`)."""
+    cells = np.argwhere(flags)
+    coords = np.stack([cells[:, a] if idx is None else idx[cells[:, a]] for a, idx in enumerate(index)], axis=1)
+    return _listing([_chunk_name(arr, c) for c in np.unique(coords // np.array(arr.chunks), axis=0)])
+
+
+def _read(arr, index: tuple) -> np.ndarray:
+    """The selection `index` of `arr` (see `_selection`), reading only the chunks it meets."""
+    sel = _selection(index)
+    return arr[sel] if all(isinstance(x, slice) for x in sel) else arr.get_orthogonal_selection(sel)
+
+
+def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarray, passes: np.ndarray | None):
     try:
         arr = group[name]
     except KeyError as e:
         raise PoolError(f"array {name} is missing from the pool") from e
     if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
         raise PoolError(f"array {name}: expected shape {tuple(shape)} {dtype}, found {tuple(arr.shape)} {arr.dtype}")
-    contiguous = len(rows) and rows[-1] - rows[0] + 1 == len(rows)
-    data = arr[int(rows[0]):int(rows[-1]) + 1] if contiguous else arr.get_orthogonal_selection((rows,))
-    if passes is not None and len(passes) != shape[2]:
-        data = data[:, :, passes]
+    if not any(isinstance(c, Crc32cCodec) for c in arr.metadata.codecs):
+        raise PoolError(f"array {name}: stored without the crc32c checksum codec (not written by this tvjax)")
+    index = (rows, None, passes, None)[:len(shape)]
+    chunks = _chunk_grid(arr, index)
+    # zarr reads a missing chunk file as the fill value, silently: look for the files first
+    missing = [_chunk_name(arr, c) for c in chunks if not (path / name / arr.metadata.encode_chunk_key(c)).is_file()]
+    if missing:
+        fill = "NaN" if dtype == "float32" else "-1"
+        raise PoolError(f"array {name}: committed region holds {fill} fill values: chunk file missing for "
+                        f"{_listing(missing)}")
+    try:
+        data = _read(arr, index)
+    except Exception as e:
+        bad = _bad_chunks(arr, chunks)
+        raise PoolError(f"array {name}: damaged {_listing(bad)}" if bad else f"array {name}: unreadable: {e}") from e
     if dtype == "float32" and np.isnan(data).any():
-        raise PoolError(f"array {name}: committed region holds NaN (damaged chunk files)")
+        raise PoolError(f"array {name}: committed region holds NaN in {_flagged_chunks(arr, index, np.isnan(data))}")
     if dtype == "int32" and name.startswith("tokens") and (data < 0).any():
-        raise PoolError(f"array {name}: committed region holds negative token ids (damaged chunk files)")
+        raise PoolError(f"array {name}: committed region holds negative token ids in "
+                        f"{_flagged_chunks(arr, index, data < 0)}")
     return data
 
 
@@ -484,7 +587,9 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
 
     Raises PoolError (never returns NaN-filled arrays) when the format version differs, an array is
     missing or has the wrong shape/dtype, a shard is uncommitted (message lists array, rows and
-    passes), committed data holds NaN, or `expect` (a dict of metadata entries) does not match.
+    passes), a chunk of the loaded cells is missing or damaged or holds NaN (message names the array
+    and the chunk: grid coordinates, rows, passes), or `expect` (a dict of metadata entries) does not
+    match. Only the chunks of the loaded cells are read.
     partial=True loads only committed cells: the larger of (rows complete over all passes) and
     (all token rows x passes complete on them); `Pool.rows` / `Pool.passes` say what was loaded.
     scorers: subset of scorers to load (default all); load_topk=False skips the top-k arrays.
@@ -508,7 +613,7 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
 
     def get(name, side, with_passes=False):
         shape, dtype, _ = layout[name]
-        return _load_array(group, name, shape, dtype, rows[side], passes if with_passes else None)
+        return _load_array(path, group, name, shape, dtype, rows[side], passes if with_passes else None)
 
     tokens = {s: get(f"tokens/{s}", s) for s in SIDES}
     slp = {s: get(f"sample_logprobs/{s}", s) for s in SIDES} if spec.sample_logprobs else None

@@ -13,22 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tvjax import analysis as A
+from tvjax.jsonable import to_jsonable
 from tvjax.pools import PoolError, load_pool
-
-
-def to_jsonable(obj):
-    """NamedTuples -> dicts, arrays/numpy scalars -> lists/numbers, tuples -> lists (recursively)."""
-    if hasattr(obj, "_asdict"):
-        return {k: to_jsonable(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
 
 
 class Skipped(NamedTuple):
@@ -199,7 +186,6 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
 
     Analyses that do not apply to the pool (too few repeats, no top-k readout) are reported as
     skipped with the reason; the TV estimate, prefix curve and zero-mass rates always run."""
-    from tvjax import analysis as A
 
     pool = load_pool(pool_path)
     out = Path(out)

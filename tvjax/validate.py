@@ -4,12 +4,17 @@ Checks only run on concrete values; inside jit/vmap a traced value passes throug
 (the caller outside the trace was already checked).
 """
 
-import numpy as np
 import jax
+import numpy as np
 
 
 def is_concrete(value):
     return not isinstance(value, jax.core.Tracer)
+
+
+def all_concrete(tree):
+    """No leaf of `tree` is traced (so its values can be checked and can choose static shapes)."""
+    return all(is_concrete(leaf) for leaf in jax.tree.leaves(tree))
 
 
 def check_range(name, value, low=None, high=None, low_open=False, high_open=False):

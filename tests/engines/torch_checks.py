@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tvjax.engines import replay
+from tvjax.engines import readouts, replay
 from tvjax.engines.sglang_bridge import process_batch
 
 INF = float("inf")
@@ -85,30 +85,30 @@ def test_renormalize_readout_matches_the_full_computation():
     full = torch.log_softmax(logits, -1)
     k, tokens = 20, torch.arange(6) * 15
     top = torch.topk(full, 25).values
-    via_readout = replay.renormalize_readout(replay.realized(full, tokens), top, k)
+    via_readout = torch.from_numpy(readouts.renormalize_readout(replay.realized(full, tokens), top, k))
     direct = replay.realized(replay.topk_logprobs(logits, k), tokens)
     assert torch.allclose(via_readout, direct, atol=1e-5) or torch.equal(via_readout, direct)
     assert torch.equal(torch.isinf(via_readout), torch.isinf(direct))
 
 
-def test_record_from_readouts_drops_banned_and_renormalizes():
+def test_score_trajectory_drops_banned_and_renormalizes():
     logits = torch.randn(5, 60, generator=torch.Generator().manual_seed(7)) * 2
     full = torch.log_softmax(logits, -1)
     banned, k, width = [int(full[0].argmax())], 8, 10
     tokens = torch.randint(0, 60, (5,), generator=torch.Generator().manual_seed(8))
-    readouts = []
+    tops = []
     for t in range(5):
         values, ids = torch.topk(full[t], k + 1)
-        readouts.append(dict(zip(ids.tolist(), values.tolist())) | {int(tokens[t]): float(full[t, tokens[t]])})
-    record = replay.record_from_readouts(readouts, tokens.tolist(), k, banned, width)
+        tops.append(dict(zip(ids.tolist(), values.tolist())) | {int(tokens[t]): float(full[t, tokens[t]])})
+    realized, _ids, topk_logprobs = map(torch.from_numpy, readouts.score_trajectory(tops, tokens.tolist(), k, banned, width))
     direct = replay.topk_logprobs(replay.suppress(logits, banned), k)
     expected = replay.realized(direct, tokens)
-    assert torch.equal(torch.isinf(record.realized), torch.isinf(expected))
+    assert torch.equal(torch.isinf(realized), torch.isinf(expected))
     finite = torch.isfinite(expected)
-    assert torch.allclose(record.realized[finite], expected[finite], atol=1e-5)
-    assert torch.allclose(record.topk_logprobs[:, :k], torch.topk(direct, k).values, atol=1e-5)
+    assert torch.allclose(realized[finite], expected[finite], atol=1e-5)
+    assert torch.allclose(topk_logprobs[:, :k], torch.topk(direct, k).values, atol=1e-5)
     with pytest.raises(ValueError, match="finite top_k"):
-        replay.record_from_readouts(readouts, tokens.tolist(), None, banned, width)
+        readouts.score_trajectory(tops, tokens.tolist(), None, banned, width)
 
 
 def test_lookup_finds_sampled_tokens_in_the_readout():
@@ -137,3 +137,32 @@ def test_sglang_process_batch_on_synthetic_logits():
     sampled = torch.tensor(int(records[2].topk_ids[3]))
     assert replay.lookup(records[2].topk_ids, records[2].topk_logprobs, sampled).item() == \
         pytest.approx(expected[2, sampled].item(), abs=1e-6)
+
+
+def test_vllm_replay_rows_record_into_their_sessions_sink():
+    from types import SimpleNamespace
+
+    from tvjax.engines.vllm_bridge import ReplayRows
+
+    class SessionRows(ReplayRows):
+        records = {}
+
+    rows = SessionRows(None, torch.device("cpu"), False)
+    common = {"k": 6, "banned": [1], "width": 8}
+    replayed = SimpleNamespace(extra_args={"tvjax": {"mode": "replay", "key": "r", "targets": [4, 9], **common}})
+    sampled = SimpleNamespace(extra_args={"tvjax": {"mode": "sample", **common}})
+    untouched = SimpleNamespace(extra_args=None)
+    output = []
+    rows.update_state(SimpleNamespace(removed=[], moved=[],
+                                      added=[(0, replayed, None, output), (1, untouched, None, []), (2, sampled, None, [])]))
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(11))
+    original = logits.clone()
+    out = rows.apply(logits)
+    expected = replay.topk_logprobs(replay.suppress(original, [1]), 6)
+    assert list(SessionRows.records) == ["r"] and not hasattr(ReplayRows, "records")
+    assert SessionRows.records["r"][0].realized.item() == pytest.approx(expected[0, 4].item(), abs=1e-6)
+    assert out[0].argmax().item() == 4 and torch.isfinite(out[0]).sum() == 1
+    assert torch.equal(out[1], original[1]) and out[2, 1] == -INF
+    output.append(4)
+    rows.apply(torch.randn(3, 40, generator=torch.Generator().manual_seed(12)))
+    assert len(SessionRows.records["r"]) == 2

@@ -8,7 +8,6 @@
 * `support_union`       empirical top-k support union against r (B.4)
 * `zero_mass_rates`, `compare_scorers`   own-token zero mass and scorer bias report (B.5, Figure 8)
 * `evaluate_multilevel` pilot-selected multilevel schedule against single levels (B.7, Figure 4)
-* `write_synthetic_pool` fill a pool from core instances and oracles (known truth)
 
 Commands: `python -m tvjax.analysis {tv,prefix,repeats,sigma,support,zero-mass,compare,multilevel} POOL`
 print JSON; `python -m tvjax.report POOL --out DIR` writes the full report.
@@ -18,12 +17,11 @@ from tvjax.analysis.calibration import SigmaCalibration, SupportUnion, calibrate
 from tvjax.analysis.currency import Hygiene, shuffle_repeats
 from tvjax.analysis.multilevel import MultilevelEvaluation, evaluate_multilevel
 from tvjax.analysis.scorers import ScorerComparison, ZeroMassRates, compare_scorers, zero_mass_rates
-from tvjax.analysis.synthetic import write_synthetic_pool
 from tvjax.analysis.tv import PrefixCurve, RepeatCurve, TVReport, tv_by_prefix, tv_by_repeats, tv_estimate
 
 __all__ = [
     "Hygiene", "MultilevelEvaluation", "PrefixCurve", "RepeatCurve", "ScorerComparison", "SigmaCalibration",
     "SupportUnion", "TVReport", "ZeroMassRates", "calibrate_sigma", "compare_scorers", "evaluate_multilevel",
-    "shuffle_repeats", "support_union", "tv_by_prefix", "tv_by_repeats", "tv_estimate", "write_synthetic_pool",
+    "shuffle_repeats", "support_union", "tv_by_prefix", "tv_by_repeats", "tv_estimate",
     "zero_mass_rates",
 ]

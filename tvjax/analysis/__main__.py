@@ -4,10 +4,19 @@ import argparse
 import json
 import sys
 
-from tvjax.analysis import (Hygiene, calibrate_sigma, compare_scorers, evaluate_multilevel, support_union,
-                            tv_by_prefix, tv_by_repeats, tv_estimate, zero_mass_rates)
+from tvjax.analysis import (
+    Hygiene,
+    calibrate_sigma,
+    compare_scorers,
+    evaluate_multilevel,
+    support_union,
+    tv_by_prefix,
+    tv_by_repeats,
+    tv_estimate,
+    zero_mass_rates,
+)
+from tvjax.jsonable import to_jsonable
 from tvjax.pools import PoolError, load_pool
-from tvjax.report import to_jsonable
 
 
 def _pair(text):

@@ -10,6 +10,7 @@ from typing import Iterator, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from tvjax import cost
 from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.pools import SIDES, Pool
 
@@ -105,6 +106,6 @@ def default_pair(pool: Pool, pair=None) -> tuple[str, str]:
 
 
 def sample_queries(n: int, repeats, sides: int = 2):
-    """Queries of one sample: per side, sampling a trajectory (n) and scoring it with both models
-    at r repeats (2 n r). A symmetric sample has one trajectory per side (sides=2)."""
-    return sides * n * (1 + 2 * np.asarray(repeats, dtype=np.float64))
+    """Queries of one sample (`tvjax.cost`): per side, a trajectory sampled and scored under both
+    models at r repeats. A symmetric sample has one trajectory per side (sides=2)."""
+    return sides * cost.trajectory_queries(1, n, np.asarray(repeats, dtype=np.float64))

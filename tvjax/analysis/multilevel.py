@@ -17,8 +17,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import (Hygiene, check_grid, default_pair, path_logprobs, permutation_streams,
-                                     powers_of_two, sample_queries, shuffle_repeats, z_values)
+from tvjax.analysis.currency import (
+    Hygiene,
+    check_grid,
+    default_pair,
+    path_logprobs,
+    permutation_streams,
+    powers_of_two,
+    sample_queries,
+    shuffle_repeats,
+    z_values,
+)
 from tvjax.pools import SIDES, Pool
 
 _TIE = 1e-9  # relative RMSE margin a schedule with more levels must beat

@@ -5,9 +5,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import (Hygiene, cell_log_means, check_grid, default_pair, lr_values,
-                                     path_logprobs, permutation_streams, powers_of_two, sample_queries,
-                                     shuffle_repeats, z_values)
+from tvjax.analysis.currency import (
+    Hygiene,
+    cell_log_means,
+    check_grid,
+    default_pair,
+    lr_values,
+    path_logprobs,
+    permutation_streams,
+    powers_of_two,
+    sample_queries,
+    shuffle_repeats,
+    z_values,
+)
 from tvjax.pools import SIDES, Pool
 
 

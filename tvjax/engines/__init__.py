@@ -1,11 +1,14 @@
 """Replay-scoring bridges from real inference engines to tvjax pools (paper section 5, B.1, B.5).
 
 Each bridge runs inside its engine's own Python environment (the engines pin conflicting torch
-versions) and imports no JAX; the JAX side only ever reads the pools they write.
+versions) and imports no JAX; the JAX side only ever reads the pools they write. No bridge imports
+another, and importing one changes no process state (engines are imported when a bridge opens).
 
 Modules:
   replay         torch arithmetic of one replay step (top-k with ties, renormalization, forcing)
-  protocol       job files, seeds, the bridge interface and the shard writer (numpy + tvjax.pools)
+  readouts       the same renormalization in numpy, from top-K readouts (prompt log-probs, HTTP servers)
+  protocol       job files, seeds, the bridge interface, the shard scheme and writer (numpy + tvjax.pools)
+  tokens         chat-templated prompt ids, EOS ids and tokenizer loading, shared by every bridge
   hf             transformers bridge (dtype, attention implementation, SDPA backend, top-k)
   vllm_bridge    vLLM V1 bridge through its logits-processor interface
   sglang_bridge  SGLang bridge through its custom logit processor

@@ -23,7 +23,8 @@ import torch
 
 from tvjax.engines import replay
 from tvjax.engines.models import resolve
-from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids
+from tvjax.engines.protocol import EngineError, Sampled, Scored
+from tvjax.engines.tokens import eos_ids, load_tokenizer
 
 SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION"}
@@ -53,7 +54,7 @@ class ReplayProcessor:
 
 class TransformersBridge:
     def __init__(self, config: dict, width: int):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.config, self.width = config, width
         self.k = config.get("top_k")
@@ -64,14 +65,11 @@ class TransformersBridge:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         folder, gguf = resolve(config["model"])
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        self.tokenizer = load_tokenizer(config["model"])
         self.model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=gguf, dtype=DTYPES[dtype],
             attn_implementation=config.get("attn_implementation", "sdpa")).to(self.device).eval()
-        self.banned = eos_ids(self.tokenizer, self.model.generation_config)
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
+        self.banned = eos_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
     def _attention(self):
         backend = self.config.get("sdpa_backend")
@@ -138,15 +136,3 @@ class TransformersBridge:
 
     def close(self) -> None:
         del self.model
-
-
-def eos_ids(tokenizer, generation_config) -> list[int]:
-    """Every end-of-sequence id of a model: suppressed for fixed-length sampling."""
-    ids = generation_config.eos_token_id
-    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    ids = sorted(set(int(i) for i in ids))
-    if not ids:
-        raise EngineError("the model declares no EOS token; fixed-length sampling needs one to suppress")
-    return ids

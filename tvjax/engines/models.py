@@ -76,11 +76,13 @@ def convert_gguf(model: str) -> Path:
     out = converted_dir(model)
     if (out / "config.json").is_file():
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from tvjax.engines.tokens import load_tokenizer  # imports this module: not at the top
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model_obj = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    tokenizer = load_tokenizer(model)
     # the weights are already dequantized to float32; only the GGUF marker blocks serialization
     model_obj.hf_quantizer = None
     if hasattr(model_obj.config, "quantization_config"):

@@ -29,13 +29,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
-from transformers import AutoTokenizer, GenerationConfig
 
-from tvjax.engines import replay
-from tvjax.engines.hf import eos_ids
-from tvjax.engines.models import resolve
-from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed
+from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.readouts import score_trajectories
+from tvjax.engines.tokens import eos_ids, generation_config_eos, load_tokenizer
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -118,20 +115,14 @@ class OpenAIBridge:
         self.config, self.width, self.k = config, width, config.get("top_k")
         if self.k is None:
             raise ValueError("the OpenAI bridge needs a finite top_k (its readouts are top-K lists)")
-        folder, gguf = resolve(config["model"])
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-        has_generation_config = gguf is None and (folder / "generation_config.json").is_file()
-        self.banned = eos_ids(self.tokenizer, GenerationConfig.from_pretrained(folder) if has_generation_config
-                              else GenerationConfig())
+        self.tokenizer = load_tokenizer(config["model"])
+        self.banned = eos_ids(self.tokenizer, generation_config_eos(config["model"]))
         self.num_top = int(config.get("top_logprobs") or (self.k + len(self.banned)))
         api_key = os.environ.get(config.get("api_key_env") or "", None)
         self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
                              config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
         self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
         self.pool = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
 
     def _body(self, prompt: list[int], max_tokens: int, seed: int, **extra) -> dict:
         return {"model": self.served, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0,
@@ -143,16 +134,19 @@ class OpenAIBridge:
         self.client.reserve(len(bodies))
         return list(self.pool.map(lambda b: self.client.request("/completions", b)["choices"][0], bodies))
 
+    def _score(self, readouts: list[list[dict[int, float]]], tokens) -> Scored:
+        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
+
     def sample(self, prompt_ids, num, n, seed) -> Sampled:
         choices = self._complete([self._body(prompt_ids, n, derive_seed(seed, i)) for i in range(num)])
-        tokens, logprobs = [], []
+        tokens, readouts = [], []
         for choice in choices:
             ids, _own, tops = readouts_of(choice["logprobs"])
             if len(ids) != n:
                 raise EngineError(f"the server returned {len(ids)} tokens, expected {n} (EOS not suppressed?)")
             tokens.append(ids)
-            logprobs.append(replay.record_from_readouts(tops, ids, self.k, self.banned, self.width).realized)
-        return Sampled(np.array(tokens, dtype=np.int32), torch.stack(logprobs).numpy().astype(np.float32))
+            readouts.append(tops)
+        return Sampled(np.array(tokens, dtype=np.int32), self._score(readouts, tokens).logprobs)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
         """Per-prefix readouts: N * n requests with max_tokens=1 (see module doc)."""
@@ -160,25 +154,21 @@ class OpenAIBridge:
         N, n = tokens.shape
         bodies = [self._body(list(prompt_ids) + tokens[i, :t].tolist(), 1, derive_seed(seed, i, t))
                   for i in range(N) for t in range(n)]
-        choices = self._complete(bodies)
-        records = []
-        for i in range(N):
-            tops = [readouts_of(c["logprobs"])[2][0] for c in choices[i * n:(i + 1) * n]]
-            records.append(replay.record_from_readouts(tops, tokens[i], self.k, self.banned, self.width))
-        return replay.to_scored(replay.stack(records, 0))
+        tops = [readouts_of(c["logprobs"])[2][0] for c in self._complete(bodies)]
+        return self._score([tops[i * n:(i + 1) * n] for i in range(N)], tokens)
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
         """Second, non-default scorer: one echo request per trajectory (prompt log-probabilities)."""
         tokens = np.asarray(tokens)
         p = len(prompt_ids)
         bodies = [self._body(list(prompt_ids) + row.tolist(), 1, 0, echo=True) for row in tokens]
-        records = []
+        readouts = []
         for choice, row in zip(self._complete(bodies), tokens):
             ids, _own, tops = readouts_of(choice["logprobs"])
             if ids[p:p + len(row)] != row.tolist():
                 raise EngineError("the echoed prompt is not the trajectory: the server re-tokenized it")
-            records.append(replay.record_from_readouts(tops[p:p + len(row)], row, self.k, self.banned, self.width))
-        return replay.to_scored(replay.stack(records, 0))
+            readouts.append(tops[p:p + len(row)])
+        return self._score(readouts, tokens)
 
     def describe(self) -> dict:
         return {"engine": "openai-compatible", "base_url": self.config["base_url"], "served_model": self.served,

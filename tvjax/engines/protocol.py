@@ -9,8 +9,9 @@ runs in a single engine session:
      "tasks": [{"op": "sample", "side": "pi"}, {"op": "score", "side": "mu"}, ...]}
 
 "sample" draws the side's N trajectories of length n (one shard); "score" writes the engine's R
-scoring passes over the side's trajectories (one shard per pass). A task whose shards are committed
-is skipped, so a killed job resumes where it stopped. The engine config's `name` is its scorer name
+scoring passes over the side's trajectories (one shard per pass); `task_shard_keys` names them, for
+the worker and the campaign alike. A task whose shards are committed is skipped, so a killed job
+resumes where it stopped. The engine config's `name` is its scorer name
 in the pool; its `seed` is the base seed of the side it samples.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -46,9 +47,10 @@ class Scored(NamedTuple):
 
 
 class Bridge(Protocol):
-    """What every engine bridge provides (one instance = one engine session)."""
+    """What every engine bridge provides (one instance = one engine session). `tokenizer` is the
+    engine's own tokenizer: the prompt is chat-templated by it (tvjax.engines.tokens.prompt_ids)."""
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]: ...
+    tokenizer: Any
 
     def sample(self, prompt_ids: list[int], num: int, n: int, seed: int) -> Sampled: ...
 
@@ -63,12 +65,6 @@ class Bridge(Protocol):
 
 class EngineError(RuntimeError):
     """An engine did something the measurement cannot accept (forcing failed, short output, ...)."""
-
-
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat-templated prompt (with the assistant's generation prompt) as token ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return [int(i) for i in ids]
 
 
 def derive_seed(*parts: int) -> int:
@@ -92,17 +88,6 @@ def load_job(path: str | Path) -> dict:
         if field not in job["engine"]:
             raise ValueError(f"job {path}: engine config lacks {field!r}")
     return job
-
-
-def read_tokens(path: str | Path, side: str) -> np.ndarray:
-    """The committed tokens [N, n] of `side`; raises PoolError unless all N rows are committed."""
-    spec, _ = pools.read_spec(path)
-    mask = pools.coverage(path)[f"tokens/{side}"]
-    if not mask.all():
-        raise pools.PoolError(f"{path}: tokens of side {side!r} are not all committed; sample them first")
-    import zarr
-
-    return np.asarray(zarr.open_group(store=str(path), mode="r")[f"tokens/{side}"][:])
 
 
 def check_prompt(writer: pools.PoolWriter, prompt_ids: list[int]) -> None:
@@ -139,8 +124,20 @@ class ShardTimer:
         return round(time.perf_counter() - self.start, 3)
 
 
-def run_tasks(job: dict, bridge: Bridge) -> None:
-    """Run a job's tasks on an open bridge, committing one shard per sample task and per pass."""
+def task_shard_keys(task: dict, scorer: str, spec: pools.PoolSpec) -> list[str]:
+    """Keys of the shards a task commits, in order: a sample task one (all N rows of its side), a
+    score task one per pass j (all N rows, pass j, under `scorer`, the engine's name)."""
+    side, N = task["side"], spec.num_per_side
+    if task["op"] == "sample":
+        return [pools.tokens_key(side, 0, N)]
+    if task["op"] == "score":
+        return [pools.draws_key(side, scorer, 0, N, j, j + 1) for j in range(spec.repeats)]
+    raise ValueError(f"unknown task op {task['op']!r}")
+
+
+def run_tasks(job: dict, bridge: Bridge, prompt_ids: list[int]) -> None:
+    """Run a job's tasks on an open bridge, committing one shard per sample task and per pass.
+    `prompt_ids`: the job's messages as chat-templated by the bridge's tokenizer."""
     writer = pools.open_pool_writer(job["pool"])
     spec, engine = writer.spec, job["engine"]
     name, width = engine["name"], spec.top_k
@@ -148,22 +145,18 @@ def run_tasks(job: dict, bridge: Bridge) -> None:
         raise EngineError("engine pools store a top-k readout: create the pool with top_k set")
     if name not in spec.scorers:
         raise EngineError(f"engine name {name!r} is not a scorer of the pool ({spec.scorers})")
-    prompt_ids = bridge.prompt_ids(job["messages"])
     check_prompt(writer, prompt_ids)
     for task in job["tasks"]:
-        side = task["side"]
+        keys = task_shard_keys(task, name, spec)
         if task["op"] == "sample":
-            _sample_task(writer, bridge, prompt_ids, side, int(engine["seed"]))
-        elif task["op"] == "score":
-            _score_task(writer, bridge, prompt_ids, job, side, width)
+            _sample_task(writer, bridge, prompt_ids, task["side"], int(engine["seed"]), keys[0])
         else:
-            raise ValueError(f"unknown task op {task['op']!r}")
+            _score_task(writer, bridge, prompt_ids, job, task["side"], width, keys)
     emit("job_done", engine=name)
 
 
-def _sample_task(writer, bridge, prompt_ids, side, seed) -> None:
+def _sample_task(writer, bridge, prompt_ids, side, seed, key) -> None:
     spec = writer.spec
-    key = pools.tokens_key(side, 0, spec.num_per_side)
     if writer.is_done(key):
         emit("skip", key=key)
         return
@@ -177,11 +170,10 @@ def _sample_task(writer, bridge, prompt_ids, side, seed) -> None:
     emit("shard", key=key, seconds=timer.seconds())
 
 
-def _score_task(writer, bridge, prompt_ids, job, side, width) -> None:
-    spec, engine = writer.spec, job["engine"]
-    tokens = read_tokens(writer.path, side)
-    for j in range(spec.repeats):
-        key = pools.draws_key(side, engine["name"], 0, spec.num_per_side, j, j + 1)
+def _score_task(writer, bridge, prompt_ids, job, side, width, keys) -> None:
+    engine = job["engine"]
+    tokens = pools.read_tokens(writer.path, side)
+    for j, key in enumerate(keys):
         if writer.is_done(key):
             emit("skip", key=key)
             continue

@@ -14,8 +14,8 @@ One engine step of the replay oracle, for a batch of rows of raw next-token logi
 The values are recorded BEFORE the forcing: what an engine reports as log-probabilities is computed
 after its logits processors and is contaminated by the forcing.
 
-``renormalize_readout`` does the same renormalization for engines that only expose a top-K list of
-log-probabilities (sequence-level prompt log-probs, OpenAI-compatible servers).
+`tvjax.engines.readouts` does the same renormalization, in numpy, for engines that only expose a
+top-K list of log-probabilities (sequence-level prompt log-probs, OpenAI-compatible servers).
 """
 
 from __future__ import annotations
@@ -113,54 +113,6 @@ def replay_step(logits: torch.Tensor, targets: torch.Tensor, k: int | None, bann
     logprobs = topk_logprobs(suppress(logits, banned_ids), k)
     ids, values = readout(logprobs, width)
     return StepRecord(realized(logprobs, targets), ids, values), force(logits, targets)
-
-
-def renormalize_readout(token_logprob: torch.Tensor, top_logprobs: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k renormalized log-probability of a token, from an engine's top-K readout.
-
-    token_logprob: [...] the engine's (full-softmax) log-probability of the token (-inf for a banned
-    token); top_logprobs: [..., K] the engine's K largest log-probabilities with banned tokens already
-    removed (-inf padding allowed), K >= k. The top-k set is the k largest entries plus any token
-    tied with the k-th (ties beyond the readout are invisible to this access model); the result is
-    -inf when the token is outside it.
-    """
-    if top_logprobs.shape[-1] < k:
-        raise ValueError(f"readout has {top_logprobs.shape[-1]} entries, fewer than top_k={k}")
-    top = torch.sort(top_logprobs.float(), dim=-1, descending=True).values
-    kth = top[..., k - 1:k]
-    lognorm = torch.logsumexp(top.masked_fill(top < kth, NEG_INF), dim=-1)
-    token_logprob = token_logprob.float()
-    inside = (token_logprob >= kth.squeeze(-1)) & torch.isfinite(token_logprob)
-    return torch.where(inside, token_logprob - lognorm, torch.full_like(token_logprob, NEG_INF))
-
-
-def record_from_readouts(readouts: list[dict[int, float]], tokens, k: int | None, banned_ids,
-                         width: int) -> StepRecord:
-    """A trajectory's record from per-position top-K readouts {token_id: full-softmax log-prob}.
-
-    For engines that only expose top-K lists (prompt log-probs, OpenAI-compatible servers). Banned
-    tokens are dropped from every readout, so it must hold K >= k + len(banned_ids) entries. Returns
-    realized [n] and the renormalized top-`width` readout [n, width] (ids -1 / -inf past the list).
-    """
-    if k is None:
-        raise ValueError("readout-based scoring needs a finite top_k: a top-K list cannot normalize "
-                         "the full distribution")
-    size = max(k, width)
-    banned = set(int(b) for b in banned_ids)
-    rows = [sorted(((int(t), float(lp)) for t, lp in d.items() if int(t) not in banned), key=lambda kv: -kv[1])
-            for d in readouts]
-    short = [i for i, r in enumerate(rows) if len(r) < k]
-    if short:
-        raise ValueError(f"readouts at positions {short[:5]} hold fewer than top_k={k} non-banned entries")
-    ids = torch.full((len(rows), size), -1, dtype=torch.long)
-    top = torch.full((len(rows), size), NEG_INF)
-    for i, r in enumerate(rows):
-        r = r[:size]
-        ids[i, :len(r)] = torch.tensor([t for t, _ in r])
-        top[i, :len(r)] = torch.tensor([lp for _, lp in r])
-    token_lp = torch.tensor([dict(r).get(int(t), NEG_INF) for r, t in zip(rows, tokens)])
-    values = renormalize_readout(top, top.unsqueeze(1).expand(-1, size, -1), k)
-    return StepRecord(renormalize_readout(token_lp, top, k), ids[:, :width], values[:, :width])
 
 
 def lookup(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from tvjax.engines import replay
-from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed
+from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.readouts import score_trajectories
+from tvjax.engines.tokens import eos_ids
 
 
 def process_batch(logits: torch.Tensor, params: list[dict | None], steps: list[int]
@@ -104,11 +106,8 @@ class SGLangBridge:
                                     mem_fraction_static=float(config.get("mem_fraction_static", 0.5)),
                                     **dict(config.get("engine_args") or {}))
         self.tokenizer = self.engine.tokenizer_manager.tokenizer
-        self.banned = sorted({int(self.tokenizer.eos_token_id)})
+        self.banned = eos_ids(self.tokenizer)
         self.processor = processor_class().to_str()
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
 
     def _run(self, prompt_ids, rows: list[dict], n: int, seed: int) -> tuple[list[list[int]], list[replay.StepRecord]]:
         folder = Path(tempfile.mkdtemp(prefix="tvjax-sglang-"))
@@ -151,15 +150,14 @@ class SGLangBridge:
         outs = self.engine.generate(input_ids=[list(prompt_ids) + row.tolist() for row in tokens],
                                     sampling_params={"max_new_tokens": 1, "temperature": 1.0},
                                     return_logprob=True, logprob_start_len=p, top_logprobs_num=num_top)
-        records = []
+        readouts = []
         for out, row in zip(outs, tokens):
             tops = out["meta_info"]["input_top_logprobs"][:len(row)]
             own = out["meta_info"]["input_token_logprobs"][:len(row)]
             if [int(t) for _, t, _ in own] != row.tolist():
                 raise EngineError("SGLang's input log-probabilities are not aligned with the trajectory")
-            readouts = [{**{int(t2): lp2 for lp2, t2, _ in top}, int(t): lp} for top, (lp, t, _) in zip(tops, own)]
-            records.append(replay.record_from_readouts(readouts, row, self.k, self.banned, self.width))
-        return replay.to_scored(replay.stack(records, 0))
+            readouts.append([{**{int(t2): lp2 for lp2, t2, _ in top}, int(t): lp} for top, (lp, t, _) in zip(tops, own)])
+        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
 
     def describe(self) -> dict:
         import sglang

@@ -12,42 +12,44 @@ The measurement flags of appendix B.1 are fixed: enforce_eager=True, enable_pref
 all N requests of a pass in one batch (max_num_seqs >= N). The engine core runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the logits processor's records are visible here; the V1
 model runner is selected (VLLM_USE_V2_MODEL_RUNNER=0) because the processor uses its interface.
+Both are set when a bridge opens its engine (vLLM reads them then, not at import); importing this
+module imports no vLLM (whose import sets environment variables) and changes no process state.
 
-`ReplayLogitsProcessor` acts on requests whose SamplingParams.extra_args carry a "tvjax" entry:
+The logits processor acts on requests whose SamplingParams.extra_args carry a "tvjax" entry:
 mode "sample" suppresses EOS; mode "replay" also records the renormalized top-k log-softmax of the
 step (before forcing) and forces the trajectory's token. vLLM applies custom (non-argmax-invariant)
 processors to the float32 logits before temperature and top-k, so the record sees exactly the
-logits the sampler truncates.
+logits the sampler truncates. Its logic is `ReplayRows`; `processor_class` makes it a vLLM
+LogitsProcessor class whose instances (created by the engine) record into the sink of the one
+bridge session that made the class.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor  # noqa: E402
+from tvjax.engines import replay
+from tvjax.engines.models import converted_dir
+from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.readouts import score_trajectories
+from tvjax.engines.tokens import eos_ids
 
-from tvjax.engines import replay  # noqa: E402
-from tvjax.engines.models import converted_dir  # noqa: E402
-from tvjax.engines.protocol import EngineError, Sampled, Scored, chat_prompt_ids, derive_seed  # noqa: E402
-
-# request key -> per-step records, filled by ReplayLogitsProcessor inside this process
-RECORDS: dict[str, list[replay.StepRecord]] = {}
+Records = dict[str, list[replay.StepRecord]]  # request key -> per-step records of a replayed request
 
 
 class _Request:
     def __init__(self, opts: dict, output_tok_ids: list[int]):
         self.opts, self.output = opts, output_tok_ids
-        if opts["mode"] == "replay":
-            RECORDS[opts["key"]] = []
 
 
-class ReplayLogitsProcessor(LogitsProcessor):
-    """Batch-level vLLM V1 logits processor: EOS suppression, recording and forcing (see module doc)."""
+class ReplayRows:
+    """Batch-level logic of the vLLM V1 logits processor: EOS suppression, recording and forcing
+    (see module doc). `records` is the sink of one bridge session, set by `processor_class`."""
+
+    records: Records
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.requests: dict[int, _Request] = {}
@@ -61,7 +63,8 @@ class ReplayLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update) -> None:
+        """Follow vLLM's BatchUpdate (removed, then added, then moved rows of the persistent batch)."""
         if batch_update is None:
             return
         for index in batch_update.removed:
@@ -71,6 +74,8 @@ class ReplayLogitsProcessor(LogitsProcessor):
             self.requests.pop(index, None)
             if opts is not None:
                 self.requests[index] = _Request(opts, output)
+                if opts["mode"] == "replay":
+                    self.records[opts["key"]] = []
         for a, b, direction in batch_update.moved:
             entry_a, entry_b = self.requests.pop(a, None), self.requests.pop(b, None)
             if entry_a is not None:
@@ -108,35 +113,44 @@ class ReplayLogitsProcessor(LogitsProcessor):
                                             opts["k"], opts["banned"], opts["width"])
         logits[index] = forced
         for i, q in enumerate(reqs):
-            RECORDS[q.opts["key"]].append(replay.StepRecord(*(t[i].cpu() for t in record)))
+            self.records[q.opts["key"]].append(replay.StepRecord(*(t[i].cpu() for t in record)))
+
+
+def processor_class(sink: Records) -> type:
+    """A vLLM LogitsProcessor class running `ReplayRows` into `sink` (made on demand: it subclasses
+    vLLM's interface, and importing vLLM sets environment variables)."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    class TvjaxReplayProcessor(ReplayRows, LogitsProcessor):
+        records = sink
+
+    return TvjaxReplayProcessor
+
+
+def engine_environment(config: dict, environ) -> dict[str, str]:
+    """The environment variables vLLM must read when the bridge opens its engine (see module doc);
+    an explicit VLLM_USE_V2_MODEL_RUNNER in `environ` is kept."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_USE_V2_MODEL_RUNNER": environ.get("VLLM_USE_V2_MODEL_RUNNER", "0")}
+    if config.get("kv_cache_gb"):
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config["kv_cache_gb"]))
+    return env
 
 
 class VLLMBridge:
     def __init__(self, config: dict, width: int):
+        os.environ.update(engine_environment(config, os.environ))
         from vllm import LLM
 
         self.config, self.width, self.k = config, width, config.get("top_k")
-        if config.get("kv_cache_gb"):
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(config["kv_cache_gb"]))
+        self.records: Records = {}
         optional = {key: int(config[key]) for key in ("max_model_len", "max_num_seqs") if config.get(key)}
         self.llm = LLM(model=str(converted_dir(config["model"])), dtype=config.get("dtype", "float32"),
                        enforce_eager=True, enable_prefix_caching=False, seed=int(config["seed"]),
-                       logits_processors=[ReplayLogitsProcessor], logprobs_mode="processed_logprobs",
+                       logits_processors=[processor_class(self.records)], logprobs_mode="processed_logprobs",
                        **optional, **dict(config.get("engine_args") or {}))
         self.tokenizer = self.llm.get_tokenizer()
-        self.banned = self._eos_ids()
-
-    def _eos_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        gen_eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
-        ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        ids.discard(None)
-        if not ids:
-            raise EngineError("the model declares no EOS token; fixed-length sampling needs one to suppress")
-        return sorted(int(i) for i in ids)
-
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return chat_prompt_ids(self.tokenizer, messages)
+        self.banned = eos_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config.eos_token_id)
 
     def _params(self, n: int, seed: int, row: int, opts: dict, logprobs: int | None):
         from vllm import SamplingParams
@@ -172,7 +186,7 @@ class VLLMBridge:
         replayed = np.array([list(o.token_ids) for o in outs])
         if replayed.shape != tokens.shape or not (replayed == tokens).all():
             raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
-        return replay.to_scored(replay.stack([replay.stack(RECORDS.pop(key), 0) for key in keys], 0))
+        return replay.to_scored(replay.stack([replay.stack(self.records.pop(key), 0) for key in keys], 0))
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
         """Second, non-default scorer: vLLM's prompt log-probabilities (one prefill per trajectory),
@@ -186,9 +200,8 @@ class VLLMBridge:
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=num_top)
         prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids) + row.tolist()) for row in tokens]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        records = [replay.record_from_readouts([{t: lp.logprob for t, lp in step.items()} for step in o.prompt_logprobs[p:]],
-                                               row, self.k, self.banned, self.width) for o, row in zip(outs, tokens)]
-        return replay.to_scored(replay.stack(records, 0))
+        readouts = [[{t: lp.logprob for t, lp in step.items()} for step in o.prompt_logprobs[p:]] for o in outs]
+        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
 
     def describe(self) -> dict:
         import vllm

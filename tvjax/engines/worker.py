@@ -13,6 +13,7 @@ import importlib
 
 from tvjax import pools
 from tvjax.engines.protocol import load_job, run_tasks
+from tvjax.engines.tokens import prompt_ids
 
 BRIDGES = {
     "transformers": ("tvjax.engines.hf", "TransformersBridge"),
@@ -39,7 +40,7 @@ def run(job_path: str) -> None:
         engines = dict(meta.get("engines", {}))
         engines[job["engine"]["name"]] = {**job["engine"], **bridge.describe()}
         writer.update_metadata(engines=engines)
-        run_tasks(job, bridge)
+        run_tasks(job, bridge, prompt_ids(bridge.tokenizer, job["messages"]))
     finally:
         bridge.close()
 

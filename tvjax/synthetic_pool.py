@@ -1,4 +1,5 @@
-"""Fill a pool from synthetic instances and oracles of the core library (known truth for tests).
+"""Pools from synthetic processes: the JAX side's own engine, writing what real engines write
+(realized-token draws and top-k readouts) from core instances and oracles, with known truth.
 
 Every shard's draws come from a key folded from (side, scorer, row chunk), so a killed writer that
 is called again with the same arguments skips committed shards and regenerates the others

@@ -1,0 +1,218 @@
+"""What only the Hydra apps need: config -> objects, run folders with done-markers over the config
+a study reads, result files and figures, and the multirun summary callback.
+
+Each study is a pure function `study(cfg) -> StudyResult`; `run_study(cfg, study, reads)` hands
+it a view of the config holding only the top-level keys in `reads` (reading any other key is an
+error, so the declaration stays true), hashes that view for the done-marker that lets a re-run
+multirun skip finished jobs, and writes results.json, results.csv and the PNG figures into the
+job's output folder. The numerical helpers (repetitions, errors, fits) are `tvjax.studies`.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import jax
+import matplotlib.pyplot as plt
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from tvjax.jsonable import to_jsonable
+
+# Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
+# task there, which imports this module by name: export this folder to them.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, os.environ.get("PYTHONPATH")) if p)
+
+DONE_MARKER = "done.json"
+VERSIONED_PACKAGES = ("tvjax", "jax", "jaxlib", "numpy", "hydra-core", "omegaconf", "matplotlib")
+
+
+class StudyResult(NamedTuple):
+    """What a study returns: a JSON summary, CSV rows (one dict per row) and named figures."""
+
+    summary: dict
+    rows: list
+    figures: dict
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run, with the reason."""
+
+
+# --------------------------------------------------------------------------- configs -> objects
+
+
+def build_pair(instance_cfg, **overrides):
+    """(pi, mu) from an instance config (`_target_` plus keyword arguments); overrides replace
+    keywords, e.g. build_pair(cfg.instance, n=64) for a grid over n."""
+    if "_target_" not in instance_cfg:
+        raise ConfigError(f"instance config needs a _target_, got keys {sorted(instance_cfg)}")
+    unknown = [key for key in overrides if key not in instance_cfg]
+    if unknown:
+        raise ConfigError(f"instance {instance_cfg._target_} has no parameter(s) {unknown} to sweep")
+    return tuple(build(instance_cfg, **overrides))
+
+
+def build(cfg, **overrides):
+    """The object a `_target_` config describes (a pair, an oracle, an estimator from the
+    registry); a target that refuses its arguments is a ConfigError with the target's reason."""
+    try:
+        return instantiate(cfg, _convert_="all", **overrides)
+    except InstantiationException as e:
+        raise ConfigError(str(e)) from e
+
+
+# --------------------------------------------------------------------------- the config a study reads
+
+
+def study_view(cfg, reads):
+    """The top-level keys `reads` of cfg, resolved, as a struct config (reading another key
+    raises); `study` is cfg.study with cfg.study_smoke merged over it when smoke=true."""
+    missing = [key for key in reads if key not in cfg]
+    if missing:
+        hint = ": pick one with experiment=<name>" if "study" in missing else ""
+        raise ConfigError(f"this app needs the config key(s) {missing}{hint}")
+    view = {}
+    for key in reads:
+        value = cfg[key]
+        if key == "study" and cfg.get("smoke", False):
+            value = OmegaConf.merge(value, cfg.get("study_smoke", {}))
+        view[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    view = OmegaConf.create(view)
+    OmegaConf.set_struct(view, True)
+    return view
+
+
+def config_digest(view):
+    """Hash of the config a study reads: the identity of a job's work."""
+    resolved = OmegaConf.to_container(view, resolve=True)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def is_complete(out_dir, digest):
+    marker = Path(out_dir) / DONE_MARKER
+    return marker.exists() and json.loads(marker.read_text()).get("config_digest") == digest
+
+
+# --------------------------------------------------------------------------- results on disk
+
+
+def package_versions():
+    versions = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    versions["jax_backend"] = jax.default_backend()
+    versions["jax_devices"] = [str(d) for d in jax.devices()]
+    return versions
+
+
+def write_csv(path, rows):
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(to_jsonable(rows, nonfinite_as_string=True))
+
+
+def save_figures(out_dir, figures):
+    paths = []
+    for name, fig in figures.items():
+        path = Path(out_dir) / f"{name}.png"
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path.name)
+    return paths
+
+
+def run_study(cfg, study: Callable, reads, out_dir=None):
+    """Run study(view) once into out_dir (the Hydra job folder by default), where view holds the
+    config keys `reads`; skip it when a done-marker with the same digest of that view is there.
+    Returns the results.json content."""
+    view = study_view(cfg, reads)
+    if out_dir is None:
+        out_dir = HydraConfig.get().runtime.output_dir
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    digest = config_digest(view)
+    if is_complete(out_dir, digest):
+        print(f"[skip] {out_dir} is complete for config {digest}")
+        return json.loads((out_dir / "results.json").read_text())
+    (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(view))
+    start = time.perf_counter()
+    result = study(view)
+    wall = time.perf_counter() - start
+    record = {
+        "study": view.study.name if "study" in view else "estimate",
+        "seed": cfg.seed,
+        "smoke": bool(cfg.get("smoke", False)),
+        "wall_seconds": wall,
+        "versions": package_versions(),
+        "results": result.summary,
+    }
+    (out_dir / "results.json").write_text(json.dumps(to_jsonable(record, nonfinite_as_string=True), indent=2))
+    write_csv(out_dir / "results.csv", result.rows)
+    record["figures"] = save_figures(out_dir, result.figures)
+    (out_dir / DONE_MARKER).write_text(json.dumps({"config_digest": digest, "wall_seconds": wall}))
+    print(f"[done] {record['study']} in {wall:.1f} s -> {out_dir}")
+    return record
+
+
+# --------------------------------------------------------------------------- multirun summary
+
+
+def collect_sweep(sweep_dir):
+    """One row per finished job under sweep_dir: its overrides and its scalar results."""
+    rows = []
+    for path in sorted(Path(sweep_dir).glob("**/results.json")):
+        record = json.loads(path.read_text())
+        scalars = {k: v for k, v in record["results"].items() if isinstance(v, (int, float, str))}
+        rows.append({"job": str(path.parent.relative_to(sweep_dir)) or ".", "wall_seconds": record["wall_seconds"], **scalars})
+    return rows
+
+
+def plot_sweep(rows):
+    """Estimate with its interval per job, against the true TV (estimate-app sweeps)."""
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 4))
+    x = np.arange(len(rows))
+    value = np.array([row["value"] for row in rows])
+    low = np.array([row["ci_low"] for row in rows])
+    high = np.array([row["ci_high"] for row in rows])
+    ax.errorbar(x, value, yerr=[value - low, high - value], fmt="o", capsize=3, label="estimate (CI)")
+    ax.scatter(x, [row["truth"] for row in rows], marker="_", s=400, color="k", label="true TV")
+    ax.set_xticks(x, [row["job"] for row in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel("job (overrides)")
+    ax.set_ylabel("TV")
+    ax.legend()
+    return fig
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, write sweep_summary.csv (and a plot for estimate sweeps)
+    into the sweep folder, from the results.json of every finished job."""
+
+    def on_multirun_end(self, config, **kwargs):
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = collect_sweep(sweep_dir)
+        if not rows:
+            return
+        write_csv(sweep_dir / "sweep_summary.csv", rows)
+        if all({"value", "ci_low", "ci_high", "truth"} <= set(row) for row in rows):
+            save_figures(sweep_dir, {"sweep_summary": plot_sweep(rows)})
+        print(f"[sweep] {len(rows)} jobs summarized in {sweep_dir / 'sweep_summary.csv'}")

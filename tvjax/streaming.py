@@ -1,0 +1,125 @@
+"""The streaming reduction under every synthetic estimator, and its chunk policy.
+
+Trajectories are drawn, reduced and discarded chunk by chunk inside jit: no [N, n, R] array
+exists. `level_moments` lays groups of rows (copy, level) end to end as one stream that runs in
+chunks of a static size, and keeps running moments per group.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tvjax.sharding import random_streams
+from tvjax.validate import all_concrete
+
+# Trajectory positions one chunk holds at once (times the vocabulary for LogitNoise): bounds memory.
+CHUNK_POSITIONS = 2**20
+# Concrete sizes: a chunk is about 1/CHUNKS_PER_STREAM of the stream, rounded up to a power of
+# two (nearby sizes share one compiled program), between MIN_CHUNK_ROWS and MAX_CHUNK_ROWS rows
+# (larger chunks stop paying on CPU).
+CHUNKS_PER_STREAM = 8
+MIN_CHUNK_ROWS = 64
+MAX_CHUNK_ROWS = 2048
+# Groups of rows (copy, level) one chunk step may reduce: a step that would reach past the
+# WINDOW-th group boundary stops there.
+WINDOW = 32
+
+
+class Moments(NamedTuple):
+    count: jax.Array
+    mean: jax.Array
+    m2: jax.Array  # sum of squared deviations
+
+    @property
+    def variance(self):
+        return self.m2 / jnp.maximum(self.count - 1, 1)
+
+
+def masked_moments(values, mask):
+    """Moments over the leading axis of the entries where `mask` holds (values broadcast to it)."""
+    count = jnp.sum(mask, axis=0, dtype=jnp.float32)
+    kept = jnp.where(mask, values, 0.0)  # where, not a product: masked entries may be inf
+    mean = jnp.sum(kept, axis=0) / jnp.maximum(count, 1.0)
+    return Moments(count, mean, jnp.sum(jnp.where(mask, (values - mean) ** 2, 0.0), axis=0))
+
+
+def merge_moments(a, b):
+    """Chan et al.'s pairwise update: stable for long streams in float32; empty sides are fine."""
+    count = a.count + b.count
+    delta = b.mean - a.mean
+    share = b.count / jnp.maximum(count, 1.0)
+    return Moments(count, a.mean + delta * share, a.m2 + b.m2 + delta**2 * a.count * share)
+
+
+def window_moments(values, local, valid, window, single):
+    """Moments [window] of the `valid` values per local group id. `single`: every valid row is
+    in group 0 (most chunks of a large estimate), a reduction over the rows alone."""
+    one_group = lambda: Moments(*(jnp.pad(a, (0, window - 1)) for a in masked_moments(values[:, None], valid[:, None])))
+    many_groups = lambda: masked_moments(values[:, None], valid[:, None] & (local[:, None] == jnp.arange(window)))
+    return jax.lax.cond(single, one_group, many_groups)
+
+
+def level_moments(key, summand, counts, chunk):
+    """Moments of summand(key, segment, levels [chunk], chunk) -> [chunk] per group of rows.
+
+    counts [segments, copies, levels]: group (c, l) of segment s is counts[s, c, l] rows at
+    level l. A segment's groups are laid end to end, copy after copy, as one stream of rows that
+    runs in chunks of the static size `chunk`, each row tagged with its level; a chunk holds rows
+    of up to WINDOW consecutive groups. So padding costs at most one chunk per segment, whatever
+    the numbers of copies and levels, and many small estimates share chunks. Sizes are runtime
+    values (a traced array is fine): one compiled program serves every size and schedule of a
+    shape, and memory stays at one chunk. Returns Moments of shape [segments, copies, levels].
+    """
+    counts = jnp.asarray(counts, jnp.int32)
+    segments, copies, levels = counts.shape
+    groups = copies * levels
+    window = min(WINDOW, groups)
+
+    def segment_body(segment, acc):
+        ends = jnp.cumsum(counts[segment].reshape(-1))
+        total = ends[-1]
+        # Padded so that a window starting at any group stays in bounds.
+        window_ends = jnp.concatenate([ends, jnp.full(window, total)])
+        segment_key = jax.random.fold_in(key, segment)
+
+        def step(state):
+            start, index, m = state
+            first = jnp.sum(ends <= start)  # the group holding row `start` (empty groups skipped)
+            local_ends = jax.lax.dynamic_slice(window_ends, (first,), (window,))
+            stop = jnp.minimum(start + chunk, local_ends[-1])
+            rows = start + jnp.arange(chunk)
+            local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1)
+            level = (first + jnp.minimum(local, window - 1)) % levels
+            values = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
+            seen = Moments(*(jax.lax.dynamic_slice(a, (first,), (window,)) for a in m))
+            merged = merge_moments(seen, window_moments(values, local, rows < stop, window, stop <= local_ends[0]))
+            m = Moments(*(jax.lax.dynamic_update_slice(a, b, (first,)) for a, b in zip(m, merged)))
+            return stop, index + 1, m
+
+        zeros = jnp.zeros(groups + window)
+        start = (jnp.int32(0), jnp.int32(0), Moments(zeros, zeros, zeros))
+        _, _, m = jax.lax.while_loop(lambda state: state[0] < total, step, start)
+        return Moments(*(a.at[segment].set(b[:groups]) for a, b in zip(acc, m)))
+
+    zeros = jnp.zeros((segments, groups))
+    with random_streams():
+        acc = jax.lax.fori_loop(0, segments, segment_body, Moments(zeros, zeros, zeros))
+    return Moments(*(a.reshape(segments, copies, levels) for a in acc))
+
+
+def memory_chunk(process, oracle):
+    """Most trajectories one chunk may hold: CHUNK_POSITIONS floats per oracle row."""
+    return max(1, CHUNK_POSITIONS // oracle.row_size(process))
+
+
+def stream_chunk(process, oracle, sizes):
+    """Static chunk rows for a stream of `sizes` rows (an array of row counts), bounded by memory.
+    Concrete sizes: the policy above. Traced sizes: the oracle's `traced_chunk_rows`."""
+    cap = memory_chunk(process, oracle)
+    if not all_concrete(sizes):
+        return min(cap, oracle.traced_chunk_rows)
+    rows = max(MIN_CHUNK_ROWS, math.ceil(int(np.sum(np.asarray(sizes, np.int64))) / CHUNKS_PER_STREAM))
+    return min(cap, MAX_CHUNK_ROWS, 1 << (rows - 1).bit_length())
