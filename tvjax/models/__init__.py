@@ -1,0 +1,18 @@
+"""Real language models in JAX (Flax NNX): Llama (SmolLM2), Qwen2 and Qwen3 decoders loaded from
+GGUF files, Hugging Face folders or random weights, and a language model as a tvjax process.
+
+  config       ModelConfig: the shape of a model, from config.json or GGUF metadata
+  transformer  the NNX modules (layers stacked and scanned) and `forward` on a split model
+  weights      loaders -> LoadedModel (graphdef, state, tokenizer); GGUF dequantizing; HF export
+  tokenizer    byte-level BPE from GGUF metadata, chat templates (jinja2)
+  process      LanguageModel: continuations of a prompt as a process; variants share weights
+"""
+
+from tvjax.models.config import ModelConfig
+from tvjax.models.process import LanguageModel, Sampling, check_lm_pair, language_model, sampling_logprobs
+from tvjax.models.tokenizer import ChatTokenizer, render_chat_template, tokenizer_from_gguf
+from tvjax.models.weights import LoadedModel, load_gguf, load_hf_folder, load_smollm2, random_model, save_hf_folder
+
+__all__ = ["ModelConfig", "LanguageModel", "Sampling", "check_lm_pair", "language_model", "sampling_logprobs",
+           "ChatTokenizer", "render_chat_template", "tokenizer_from_gguf", "LoadedModel", "load_gguf", "load_hf_folder",
+           "load_smollm2", "random_model", "save_hf_folder"]

