@@ -1,10 +1,12 @@
 """Hydra app: measure TV between two engine configurations on a real model (paper section 5, B.1).
 
     .venv/bin/python experiments/engine_campaign.py [experiment=engine_fp32_vs_bf16] [key=value ...]
+    .venv/bin/python experiments/engine_campaign.py experiment=engine_jax_vs_transformers   # tvjax.models vs HF
 
 For the pair (pi, mu) it samples N trajectories per side, replay-scores both sides under both
 engines (R passes each), writes one pool, and runs the pool report. Each engine runs in its own
-subprocess (`python -m tvjax.engines.worker JOB.json`) with the Python of its own venv. Jobs, in
+subprocess (`python -m tvjax.engines.worker JOB.json`) with the Python of its own venv (the
+engine config's `python`; the JAX engine, kind "jax", runs in the base venv). Jobs, in
 order, each one engine session:
 
   1. pi: sample pi, score pi          (sampling and own-side scoring in one session)
@@ -33,7 +35,8 @@ from tvjax import pools
 from tvjax.engines.protocol import task_shard_keys
 
 ROOT = Path(__file__).resolve().parents[1]
-CONVERTED_KINDS = ("vllm", "sglang")  # engines that read safetensors folders, not GGUF files
+# engines that read safetensors folders, not GGUF files (transformers and jax read a GGUF directly)
+CONVERTED_KINDS = ("vllm", "sglang")
 
 
 class CampaignError(RuntimeError):

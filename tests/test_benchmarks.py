@@ -23,3 +23,23 @@ def test_quick_benchmark_reports_every_workload(tmp_path):
     convergence = report["workloads"]["convergence"]
     numpy_error, tvjax_error = (convergence[impl]["mean_abs_error"][-1] for impl in ("numpy", "tvjax"))
     assert tvjax_error < 3 * numpy_error + 0.01 and numpy_error < 3 * tvjax_error + 0.01
+
+
+def test_quick_lm_benchmark_reports_both_implementations(tmp_path):
+    """benchmarks/lm_bench.py --quick (a tiny random Llama): tvjax and transformers, sampling and
+    scoring, each with a positive throughput; the two sides score the same tokens alike."""
+    from _engine_envs import engine_python
+
+    python = engine_python("transformers")  # fails under CI=true, skips elsewhere, when the venv is missing
+    out = tmp_path / "lm.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "lm_bench.py"), "--quick", "--transformers-python", python,
+               "--out", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT, timeout=600)
+    report = json.loads(out.read_text())
+    rows = {(row["impl"], row["task"]): row for row in report["results"]}
+    for impl in ("tvjax", "transformers"):
+        for task in ("sample", "score"):
+            assert rows[impl, task]["tokens_per_s"] > 0 and rows[impl, task]["peak_mib"] > 0
+    assert {(r["task"], r["n"]) for r in report["ratios"]} == {("sample", 8), ("score", 8)}
+    assert max(report["score_max_abs_diff"].values()) < 1e-3
+    assert [m["rows"] for m in report["memory_check"]] == [64, 256]

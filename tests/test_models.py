@@ -329,7 +329,7 @@ def test_prompt_too_long_and_bad_settings():
     with pytest.raises(ValueError, match="top_k"):
         language_model(model, [1], 3, top_k=6)
     with pytest.raises(ValueError, match="dtype"):
-        language_model(model, [1], 3).variant(dtype="float16")
+        language_model(model, [1], 3).variant(dtype="float64")
 
 
 def test_vocabulary_mismatch_between_sides():
@@ -344,3 +344,18 @@ def test_vocabulary_mismatch_between_sides():
     with pytest.raises(ValueError, match="different lengths"):
         check_lm_pair(pi, language_model(random_model(TINY, jax.random.key(0)), [1], 4))
     check_lm_pair(pi, pi.variant(top_k=2))
+
+
+def test_tie_inclusive_top_k_threshold_is_exact():
+    """The bisection threshold keeps exactly the tokens at or above the k-th largest logit, ties,
+    -0.0 == +0.0 and -inf (suppressed EOS) included, as a sort says."""
+    from tvjax.models.process import at_least_kth_largest
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        vocab = int(rng.integers(2, 40))
+        k = int(rng.integers(1, vocab + 1))
+        x = np.round(rng.normal(size=(3, vocab)), 1).astype(np.float32)  # rounding makes ties and -0.0
+        x[1, rng.integers(0, vocab)] = -np.inf
+        expected = x >= np.sort(x, axis=-1)[:, ::-1][:, k - 1:k]
+        np.testing.assert_array_equal(np.asarray(at_least_kth_largest(jnp.asarray(x), k)), expected)

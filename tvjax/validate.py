@@ -54,13 +54,19 @@ def check_probability_vector(name, probs, axis=-1, atol=1e-6):
 
 
 def check_pair(pi, mu):
-    """pi and mu must describe sequences of the same length over the same vocabulary."""
+    """pi and mu must describe sequences of the same length over the same vocabulary (and the
+    same tokenizer, where processes carry a `vocab_id`)."""
     if pi.n != mu.n:
         raise ValueError(f"pi and mu have different sequence lengths: n={pi.n} vs n={mu.n}")
     if pi.vocab_size != mu.vocab_size:
         raise ValueError(
             f"pi and mu have different vocabularies: {pi.vocab_size} vs {mu.vocab_size} tokens"
         )
+    # Processes with a tokenizer (language models) name it by a hash of its vocabulary: the same
+    # size is not enough when the ids name other strings.
+    if getattr(pi, "vocab_id", None) != getattr(mu, "vocab_id", None):
+        raise ValueError("pi and mu have different tokenizers (vocabulary hashes differ): their token ids "
+                         "do not name the same strings")
 
 
 def check_repeats(repeats):

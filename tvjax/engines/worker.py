@@ -4,6 +4,9 @@
 
 Run it with the engine environment's Python and PYTHONPATH=<tvjax repo root>. Progress is one JSON
 line per committed or skipped shard on stdout; any failure exits non-zero with the exception.
+Bridges are named by module path and imported only when a job needs them, so importing the
+worker imports no engine (and kind "jax", run with the base venv's Python, is the only one that
+imports JAX).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ BRIDGES = {
     "vllm": ("tvjax.engines.vllm_bridge", "VLLMBridge"),
     "sglang": ("tvjax.engines.sglang_bridge", "SGLangBridge"),
     "openai": ("tvjax.engines.openai_bridge", "OpenAIBridge"),
+    "jax": ("tvjax.jax_engine", "JaxBridge"),  # the JAX model (tvjax.models), outside tvjax.engines: it imports JAX
 }
 
 

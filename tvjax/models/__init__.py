@@ -5,14 +5,18 @@ GGUF files, Hugging Face folders or random weights, and a language model as a tv
   transformer  the NNX modules (layers stacked and scanned) and `forward` on a split model
   weights      loaders -> LoadedModel (graphdef, state, tokenizer); GGUF dequantizing; HF export
   tokenizer    byte-level BPE from GGUF metadata, chat templates (jinja2)
-  process      LanguageModel: continuations of a prompt as a process; variants share weights
+  quantize     int8 / int4 weight quantizers, GGUF block decoding, the int8 KV-cache format
+  process      LanguageModel: continuations of a prompt as a process; variants (Sampling,
+               Serving: dtype, weight format, KV-cache dtype, attention chunking) share weights
 """
 
 from tvjax.models.config import ModelConfig
-from tvjax.models.process import LanguageModel, Sampling, check_lm_pair, language_model, sampling_logprobs
+from tvjax.models.process import LanguageModel, Sampling, Serving, check_lm_pair, language_model, sampling_logprobs
+from tvjax.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tvjax.models.tokenizer import ChatTokenizer, render_chat_template, tokenizer_from_gguf
 from tvjax.models.weights import LoadedModel, load_gguf, load_hf_folder, load_smollm2, random_model, save_hf_folder
 
-__all__ = ["ModelConfig", "LanguageModel", "Sampling", "check_lm_pair", "language_model", "sampling_logprobs",
+__all__ = ["ModelConfig", "LanguageModel", "Sampling", "Serving", "check_lm_pair", "language_model", "sampling_logprobs",
+           "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
            "ChatTokenizer", "render_chat_template", "tokenizer_from_gguf", "LoadedModel", "load_gguf", "load_hf_folder",
            "load_smollm2", "random_model", "save_hf_folder"]

@@ -6,8 +6,12 @@ teacher-forced pass over the batch. Both use the same sampling distribution: EOS
 (logit -inf, as in the paper: continuations have exactly n tokens), then temperature, tie-inclusive
 top-k and top-p, renormalized; -inf outside the support.
 
-Variants (`LanguageModel.variant`) change the compute dtype or the sampling settings and share
-the weights: a pair of variants is a pair of processes over one copy of the model.
+Variants (`LanguageModel.variant`) change the sampling settings or how the model is served
+(`Serving`: compute dtype, weight format, KV-cache dtype, attention chunking) and share the loaded
+weights: a pair of variants is a pair of processes over one copy of the model, plus whatever
+quantized copy a variant computes (once, in `variant`; variants of that variant share it).
+Sampling and scoring of a variant run the same arithmetic (the same quantized weights, the same
+KV-cache rounding, the same attention reduction), so a variant is one process, not two.
 """
 
 import dataclasses
@@ -18,9 +22,11 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from tvjax.models.transformer import Segment, forward
+from tvjax.models.quantize import DEFAULT_GROUP_SIZE, check_group_size
+from tvjax.models.transformer import KV_CACHE_DTYPES, Segment, forward
+from tvjax.models.weights import WEIGHT_FORMATS, check_int4, serving_weights
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Floats of logits a chunk of rows may hold ([rows, n, V] in float32): bounds the default max_chunk_rows.
 CHUNK_LOGITS = 2**26
 MAX_CHUNK_ROWS = 256
@@ -30,6 +36,52 @@ class Sampling(NamedTuple):
     temperature: float = 1.0
     top_k: Optional[int] = None  # tie-inclusive: every token whose logit is >= the k-th largest
     top_p: float = 1.0  # the smallest set of most likely tokens with mass >= top_p, ties included
+
+
+class Serving(NamedTuple):
+    """How a model is served (static: each setting is compiled in).
+
+    dtype: compute dtype of activations and (dequantized) weights: "float32", "bfloat16", "float16".
+    weights: "full" (as loaded), "int8" (per output channel, symmetric absmax), "int4" (symmetric
+      absmax per group of `group_size` inputs), "gguf" (the GGUF file's own blocks, Q4_0 / Q4_1 /
+      Q8_0, as stored); quantized weights are dequantized on the fly in `dtype`. Only Linear layers
+      are quantized; embeddings (and a tied LM head), norms and biases stay full precision.
+    kv_cache_dtype: None (the compute dtype), "float32", "bfloat16", "float16", or "int8" (absmax per
+      token and kv head); the compute dtype is unchanged, keys and values are read back through it.
+    attention_chunk: None (one softmax over all keys) or an online softmax over this many keys at a time.
+    group_size: the int4 group along the input axis (ignored by the other formats).
+    """
+
+    dtype: str = "float32"
+    weights: str = "full"
+    kv_cache_dtype: Optional[str] = None
+    attention_chunk: Optional[int] = None
+    group_size: int = DEFAULT_GROUP_SIZE
+
+
+def check_serving(serving, config, source=None):
+    """The Serving, or a ValueError naming the bad setting (an int4 group size must divide every
+    Linear's input dimension; "gguf" needs the GGUF file the model was loaded from)."""
+    dtype, weights, kv, chunk, group = serving
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {list(WEIGHT_FORMATS)}, got {weights!r}")
+    if kv is not None and kv not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be None or one of {list(KV_CACHE_DTYPES)}, got {kv!r}")
+    if chunk is not None and not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
+        raise ValueError(f"attention_chunk must be None or a positive integer, got {chunk!r}")
+    check_group_size(group)
+    if weights == "int4":
+        check_int4(config, group)
+    if weights == "gguf" and source is None:
+        raise ValueError('weights="gguf" needs a model loaded from a GGUF file (load_gguf, load_smollm2); '
+                         "this one was not")
+    return serving
+
+
+def _weights_key(serving):
+    return serving.weights, serving.group_size if serving.weights == "int4" else None
 
 
 def check_sampling(sampling, vocab_size):
@@ -44,6 +96,33 @@ def check_sampling(sampling, vocab_size):
     return Sampling(float(t), k, float(p))
 
 
+def _order_keys(x):
+    """int32 keys of float32 x in the same order as the floats (sign-magnitude bits made monotonic;
+    -0.0 first made +0.0, since the two compare equal)."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.float32(0), x), jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def at_least_kth_largest(x, k):
+    """bool [..., V]: x >= its k-th largest value along the last axis (ties included, as the
+    engines' top-k does). Bisection over the 2^32 order keys, 32 count passes: the same threshold
+    as jax.lax.top_k, which on XLA's CPU costs tens of times more on a 50k vocabulary."""
+    keys = _order_keys(x)
+    count = lambda t: jnp.sum(keys >= t[..., None], axis=-1)
+
+    def halve(_, bounds):
+        # Invariant: count(lo) >= k and the answer lies in [lo, hi]; mid rounds up (no overflow).
+        lo, hi = bounds
+        mid = (lo >> 1) + (hi >> 1) + ((lo | hi) & 1)
+        enough = count(mid) >= k
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid - 1)
+
+    shape = x.shape[:-1]
+    start = (jnp.full(shape, jnp.iinfo(jnp.int32).min, jnp.int32), jnp.full(shape, jnp.iinfo(jnp.int32).max, jnp.int32))
+    kth, _ = jax.lax.fori_loop(0, 32, halve, start)
+    return keys >= kth[..., None]
+
+
 def sampling_logprobs(logits, sampling, eos_ids=()):
     """float32 [..., V] log-probabilities of the sampling distribution of raw logits [..., V]:
     EOS suppressed, / temperature, tie-inclusive top-k, tie-inclusive top-p, renormalized."""
@@ -51,8 +130,7 @@ def sampling_logprobs(logits, sampling, eos_ids=()):
     if eos_ids:
         x = x.at[..., jnp.asarray(eos_ids)].set(-jnp.inf)
     if sampling.top_k is not None and sampling.top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, sampling.top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, -jnp.inf)
+        x = jnp.where(at_least_kth_largest(x, sampling.top_k), x, -jnp.inf)
     if sampling.top_p < 1.0:
         ordered = -jnp.sort(-x, axis=-1)
         probs = jax.nn.softmax(ordered, axis=-1)
@@ -63,14 +141,21 @@ def sampling_logprobs(logits, sampling, eos_ids=()):
     return jax.nn.log_softmax(x, axis=-1)
 
 
+def _forward(graphdef, state, serving, tokens, positions, segments=()):
+    return forward(graphdef, state, tokens, positions, segments, DTYPES[serving.dtype], serving.kv_cache_dtype,
+                   serving.attention_chunk)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _prefill(graphdef, state, tokens, dtype):
-    return forward(graphdef, state, tokens, jnp.arange(tokens.shape[1]), (), DTYPES[dtype])
+def _prefill(graphdef, state, tokens, serving):
+    return _forward(graphdef, state, serving, tokens, jnp.arange(tokens.shape[1]))
 
 
-def prefill(graphdef, state, prompt, dtype):
-    """(last logits float32 [V], keys, values [layers, 1, P, kv_heads, head_dim]) of a prompt."""
-    logits, (keys, values) = _prefill(graphdef, state, jnp.asarray(prompt, jnp.int32)[None], dtype)
+def prefill(graphdef, state, prompt, serving):
+    """(last logits float32 [V], keys, values [layers, 1, P, kv_heads, head_dim], as the cache
+    stores them) of a prompt; `serving` a Serving or a dtype name."""
+    serving = Serving(dtype=serving) if isinstance(serving, str) else serving
+    logits, (keys, values) = _prefill(graphdef, state, jnp.asarray(prompt, jnp.int32)[None], serving)
     return logits[0, -1], keys, values
 
 
@@ -78,11 +163,13 @@ def prefill(graphdef, state, prompt, dtype):
 class LanguageModel:
     """Continuations x [n] of `prompt` under a transformer, as a process (see the module doc)."""
 
-    state: Any  # the weights (nnx.State), shared by variants
+    state: Any  # the weights (nnx.State) as served (quantized ones for a quantized variant)
+    base_state: Any  # the loaded weights, shared by every variant (state is base_state for "full")
     first_logits: jax.Array  # float32 [V]: raw logits after the prompt
-    prompt_keys: jax.Array  # [layers, 1, P, kv_heads, head_dim], compute dtype
-    prompt_values: jax.Array
-    graphdef: Any
+    prompt_keys: Any  # [layers, 1, P, kv_heads, head_dim] as the KV cache stores them
+    prompt_values: Any
+    graphdef: Any  # of `state`
+    base_graphdef: Any  # of `base_state`
     config: Any  # ModelConfig
     prompt: tuple  # token ids
     n: int
@@ -90,9 +177,30 @@ class LanguageModel:
     max_support: int
     sampling: Sampling
     eos_ids: tuple
-    dtype: str
+    serving: Serving
     max_chunk_rows: int  # tvjax.streaming.memory_chunk never puts more rows in one chunk
     vocab_id: Optional[str]  # the tokenizer's vocabulary hash (None without a tokenizer)
+    source: Optional[str]  # the GGUF file of the weights (None: not from a GGUF file)
+
+    @property
+    def dtype(self):
+        """The compute dtype's name (serving.dtype)."""
+        return self.serving.dtype
+
+    def forward(self, tokens, positions, segments=()):
+        """(raw logits float32 [B, T, V], the new tokens' (keys, values) as the cache stores them)
+        of tokens [B, T] at positions [T] after `segments`, served as `self.serving`."""
+        return _forward(self.graphdef, self.state, self.serving, tokens, positions, segments)
+
+    def decode_cache(self, num):
+        """An empty decode cache (keys, values) for `num` rows of n tokens, in the cache's format."""
+        empty = lambda a: jnp.zeros((a.shape[0], num, self.n, *a.shape[3:]), a.dtype)
+        return jax.tree.map(empty, self.prompt_keys), jax.tree.map(empty, self.prompt_values)
+
+    @staticmethod
+    def write_cache(cache, new, t):
+        """`cache` (keys or values of `decode_cache`) with slot t set to a step's `new` ones."""
+        return jax.tree.map(lambda c, x: jax.lax.dynamic_update_slice_in_dim(c, x, t, axis=2), cache, new)
 
     def _logits(self, tokens):
         """Raw float32 logits [num, n, V] at every prefix of tokens [num, n] (teacher forcing)."""
@@ -102,45 +210,57 @@ class LanguageModel:
             return first
         P = len(self.prompt)
         shared = Segment(self.prompt_keys, self.prompt_values, jnp.ones((1, P), bool))
-        rest, _ = forward(self.graphdef, self.state, tokens[:, :-1], P + jnp.arange(self.n - 1), (shared,),
-                          DTYPES[self.dtype])
+        rest, _ = self.forward(tokens[:, :-1], P + jnp.arange(self.n - 1), (shared,))
         return jnp.concatenate([first, rest], axis=1)
 
     def next_token_logprobs(self, tokens):
         return _next_token_logprobs(self, jnp.asarray(tokens, jnp.int32))
 
     def path_logprobs(self, tokens):
-        tokens = jnp.asarray(tokens, jnp.int32)
-        return jnp.take_along_axis(_next_token_logprobs(self, tokens), tokens[..., None], axis=-1)[..., 0]
+        return _path_logprobs(self, jnp.asarray(tokens, jnp.int32))
 
     def sample(self, key, num):
         return _sample(self, key, num)
 
     def variant(self, **changes):
-        """The same weights and prompt with other settings: temperature, top_k, top_p, dtype
-        ("float32" / "bfloat16"), max_chunk_rows. A new dtype recomputes the prompt cache."""
-        allowed = {"temperature", "top_k", "top_p", "dtype", "max_chunk_rows"}
+        """The same weights and prompt with other settings: the sampling ones (temperature, top_k,
+        top_p), the serving ones (dtype, weights, kv_cache_dtype, attention_chunk, group_size:
+        see Serving), max_chunk_rows. Unknown keywords are a TypeError, bad values a ValueError.
+        A new weight format is computed here from the loaded weights (once for this variant and
+        the variants made from it); any serving change recomputes the prompt cache."""
+        allowed = set(Sampling._fields) | set(Serving._fields) | {"max_chunk_rows"}
         if set(changes) - allowed:
             raise TypeError(f"variant() takes {sorted(allowed)}, got {sorted(set(changes) - allowed)}")
         sampling = check_sampling(self.sampling._replace(**{k: v for k, v in changes.items() if k in Sampling._fields}),
                                   self.vocab_size)
+        serving = check_serving(self.serving._replace(**{k: v for k, v in changes.items() if k in Serving._fields}),
+                                self.config, self.source)
         out = dataclasses.replace(self, sampling=sampling, max_support=_max_support(sampling, self.vocab_size,
                                                                                     self.eos_ids))
         if "max_chunk_rows" in changes:
             out = dataclasses.replace(out, max_chunk_rows=_positive_int("max_chunk_rows", changes["max_chunk_rows"]))
-        if changes.get("dtype", self.dtype) != self.dtype:
-            first, keys, values = prefill(self.graphdef, self.state, self.prompt, _check_dtype(changes["dtype"]))
-            out = dataclasses.replace(out, dtype=changes["dtype"], first_logits=first, prompt_keys=keys,
-                                      prompt_values=values)
-        return out
+        return out if serving == self.serving else _served(out, serving)
 
 
 jax.tree_util.register_dataclass(
     LanguageModel,
-    data_fields=["state", "first_logits", "prompt_keys", "prompt_values"],
-    meta_fields=["graphdef", "config", "prompt", "n", "vocab_size", "max_support", "sampling", "eos_ids", "dtype",
-                 "max_chunk_rows", "vocab_id"],
+    data_fields=["state", "base_state", "first_logits", "prompt_keys", "prompt_values"],
+    meta_fields=["graphdef", "base_graphdef", "config", "prompt", "n", "vocab_size", "max_support", "sampling",
+                 "eos_ids", "serving", "max_chunk_rows", "vocab_id", "source"],
 )
+
+
+def _served(lm, serving):
+    """lm served as `serving`: its weights in that format (reused when the format is lm's own, else
+    computed from the loaded weights) and the prompt cache recomputed."""
+    if _weights_key(serving) == _weights_key(lm.serving):
+        graphdef, state = lm.graphdef, lm.state
+    else:
+        graphdef, state = serving_weights(lm.base_graphdef, lm.base_state, serving.weights, lm.config,
+                                          serving.group_size, lm.source)
+    first, keys, values = prefill(graphdef, state, lm.prompt, serving)
+    return dataclasses.replace(lm, graphdef=graphdef, state=state, serving=serving, first_logits=first,
+                               prompt_keys=keys, prompt_values=values)
 
 
 @jax.jit
@@ -148,36 +268,32 @@ def _next_token_logprobs(lm, tokens):
     return sampling_logprobs(lm._logits(tokens), lm.sampling, lm.eos_ids)
 
 
+@jax.jit
+def _path_logprobs(lm, tokens):
+    # Gathered inside the program: the [num, n, V] distribution never leaves it.
+    return jnp.take_along_axis(_next_token_logprobs(lm, tokens), tokens[..., None], axis=-1)[..., 0]
+
+
 @functools.partial(jax.jit, static_argnums=2)
 def _sample(lm, key, num):
     """The decode loop: step t feeds x_t at position P + t, reading the prompt cache and the row's
     cache of x_<t, writes x_t's keys and values into slot t, and draws x_{t+1}."""
     P, n = len(lm.prompt), lm.n
-    dtype = DTYPES[lm.dtype]
     keys = jax.random.split(key, n)
     draw = lambda k, logits: jax.random.categorical(k, sampling_logprobs(logits, lm.sampling, lm.eos_ids), axis=-1)
     first = draw(keys[0], jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)))
-    layers, _, _, kv_heads, head_dim = lm.prompt_keys.shape
-    cache = jnp.zeros((layers, num, n, kv_heads, head_dim), lm.prompt_keys.dtype)
     shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
 
     def step(carry, t):
         cache_k, cache_v, token = carry
         own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
-        logits, (k, v) = forward(lm.graphdef, lm.state, token[:, None], (P + t)[None], (shared, own), dtype)
-        cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k, t, axis=2)
-        cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v, t, axis=2)
+        logits, (k, v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
+        cache_k, cache_v = lm.write_cache(cache_k, k, t), lm.write_cache(cache_v, v, t)
         token = draw(keys[t + 1], logits[:, 0])
         return (cache_k, cache_v, token), token
 
-    _, rest = jax.lax.scan(step, (cache, cache, first), jnp.arange(n - 1))
+    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), first), jnp.arange(n - 1))
     return jnp.concatenate([first[:, None], rest.T], axis=1).astype(jnp.int32)
-
-
-def _check_dtype(dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return dtype
 
 
 def _positive_int(name, value):
@@ -193,10 +309,12 @@ def _max_support(sampling, vocab_size, eos_ids):
 
 
 def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, dtype="float32", eos_ids=None,
-                   max_chunk_rows=None):
+                   max_chunk_rows=None, weights="full", kv_cache_dtype=None, attention_chunk=None,
+                   group_size=DEFAULT_GROUP_SIZE):
     """A LanguageModel over `model` (a LoadedModel): continuations of n tokens of `prompt` (a
     string or chat messages, with the model's tokenizer, or token ids). `eos_ids` defaults to the
-    tokenizer's (none without one); `max_chunk_rows` to what CHUNK_LOGITS allows, at most 256."""
+    tokenizer's (none without one); `max_chunk_rows` to what CHUNK_LOGITS allows, at most 256;
+    dtype, weights, kv_cache_dtype, attention_chunk and group_size: see Serving."""
     config = model.config
     n = _positive_int("n", n)
     if isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt):
@@ -220,11 +338,14 @@ def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, 
     sampling = check_sampling(Sampling(temperature, top_k, top_p), config.vocab_size)
     if max_chunk_rows is None:
         max_chunk_rows = max(1, min(MAX_CHUNK_ROWS, CHUNK_LOGITS // (n * config.vocab_size)))
-    first, keys, values = prefill(model.graphdef, model.state, ids, _check_dtype(dtype))
+    source = getattr(model, "source", None)
+    serving = check_serving(Serving(dtype, weights, kv_cache_dtype, attention_chunk, group_size), config, source)
+    graphdef, state = serving_weights(model.graphdef, model.state, weights, config, group_size, source)
+    first, keys, values = prefill(graphdef, state, ids, serving)
     vocab_id = None if model.tokenizer is None else model.tokenizer.vocab_id
-    return LanguageModel(model.state, first, keys, values, model.graphdef, config, tuple(ids), n, config.vocab_size,
-                         _max_support(sampling, config.vocab_size, eos_ids), sampling, eos_ids, dtype,
-                         _positive_int("max_chunk_rows", max_chunk_rows), vocab_id)
+    return LanguageModel(state, model.state, first, keys, values, graphdef, model.graphdef, config, tuple(ids), n,
+                         config.vocab_size, _max_support(sampling, config.vocab_size, eos_ids), sampling, eos_ids,
+                         serving, _positive_int("max_chunk_rows", max_chunk_rows), vocab_id, source)
 
 
 def check_lm_pair(pi, mu):

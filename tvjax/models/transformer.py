@@ -4,6 +4,13 @@ Parameters keep Hugging Face's names and layouts (a Linear's weight is [out, in]
 stacked on a leading axis and run by `jax.lax.scan`, so compile time does not grow with depth.
 Attention reads keys and values from `Segment`s: a prompt's cache shared by every row (batch 1),
 a row's own decode cache, and always the new tokens themselves (causal).
+
+Serving variants live here as static settings: a Linear's weight may be stored quantized (int8,
+int4 or GGUF blocks, `tvjax.models.quantize`) and is then dequantized on the fly in the compute
+dtype; the KV cache may be stored in another dtype or in int8 (`kv_cache`: every key and value,
+the new tokens' own included, is read back through the cache's rounding, so a teacher-forced pass
+and the decode loop see the same numbers); attention may reduce over the keys in chunks with an
+online softmax (`attention_chunk`).
 """
 
 from typing import NamedTuple
@@ -13,11 +20,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tvjax.models.config import check_config
+from tvjax.models.quantize import dequantize_gguf, dequantize_int4, dequantize_int8, quantize_int8
+
+KV_CACHE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int8": jnp.int8}
 
 
 class Segment(NamedTuple):
     """Cached keys and values [layers, B or 1, S, kv_heads, head_dim] and which the queries may
-    read: mask bool broadcastable to [T, S] (T new tokens)."""
+    read: mask bool broadcastable to [T, S] (T new tokens). With an int8 KV cache keys and values
+    are each a pair (q int8 [layers, B|1, S, kv_heads, head_dim], scale float32 [..., kv_heads])."""
 
     keys: jax.Array
     values: jax.Array
@@ -29,14 +40,41 @@ def _normal(rngs, shape, std):
 
 
 class Linear(nnx.Module):
-    """x W^T + b, W [out, in] as Hugging Face stores it; `stack` prepends the layer axis."""
+    """x W^T + b, W [out, in] as Hugging Face stores it; `stack` prepends the layer axis.
+
+    `format` says how W is stored: "full" (`weight`, a float array), "int8" / "int4" (`weight_q`
+    and `weight_scale` of `quantize_int8` / `quantize_int4`), or a GGUF block format "Q4_0",
+    "Q4_1", "Q8_0" (`weight_q`, `weight_scale` = d, and `weight_offset` = m for Q4_1). The bias is
+    never quantized. See `set_quantized`."""
 
     def __init__(self, d_in, d_out, bias, rngs, stack=()):
         self.weight = nnx.Param(_normal(rngs, (*stack, d_out, d_in), d_in**-0.5))
         self.bias = nnx.Param(_normal(rngs, (*stack, d_out), 0.1)) if bias else None
+        self.format = "full"
+
+    def set_quantized(self, format, q, scale, offset=None):
+        """Store W quantized instead of in full (the module is changed in place)."""
+        del self.weight
+        self.format = format
+        self.weight_q = nnx.Param(q)
+        self.weight_scale = nnx.Param(scale)
+        if offset is not None:
+            self.weight_offset = nnx.Param(offset)
+
+    def kernel(self, dtype):
+        """W [..., out, in] in `dtype`, dequantized here when it is stored quantized."""
+        if self.format == "full":
+            return self.weight[...].astype(dtype)
+        q, scale = self.weight_q[...], self.weight_scale[...]
+        if self.format == "int8":
+            return dequantize_int8(q, scale, dtype)
+        if self.format == "int4":
+            return dequantize_int4(q, scale, dtype)
+        offset = self.weight_offset[...] if self.format == "Q4_1" else None
+        return dequantize_gguf(self.format, q, scale, offset, dtype)
 
     def __call__(self, x):
-        y = jnp.einsum("...i,oi->...o", x, self.weight[...])
+        y = jnp.einsum("...i,oi->...o", x, self.kernel(x.dtype))
         return y if self.bias is None else y + self.bias[...]
 
 
@@ -86,12 +124,67 @@ def _mix(weights, values):
     return jnp.einsum("bkgts,bskd->btkgd", weights, values)
 
 
-def attend(q, segments, scale):
+def store_kv(x, kv_cache):
+    """Keys or values [..., head_dim] as the cache holds them: unchanged (kv_cache None), cast to a
+    float dtype, or int8 with one absmax scale per token and head: (q int8, scale float32 [...])."""
+    if kv_cache is None:
+        return x
+    if kv_cache == "int8":
+        return quantize_int8(x)
+    return x.astype(KV_CACHE_DTYPES[kv_cache])
+
+
+def load_kv(stored, dtype):
+    """What attention reads from the cache `stored` (of `store_kv`), in the compute dtype."""
+    if isinstance(stored, tuple):
+        return dequantize_int8(*stored, dtype)
+    return stored.astype(dtype)
+
+
+def _attend_chunked(q, segments, scale, chunk):
+    """Online softmax over the keys, `chunk` keys at a time, segment after segment: running max m,
+    normalizer l and output sum acc in float32 (the order in which flash-attention kernels reduce)."""
+    B, T, kv_heads, g, D = q.shape
+    m = jnp.full((B, kv_heads, g, T), -jnp.inf, jnp.float32)
+    l = jnp.zeros((B, kv_heads, g, T), jnp.float32)
+    acc = jnp.zeros((B, T, kv_heads, g, D), jnp.float32)
+    to_out = lambda a: jnp.moveaxis(a, -1, 1)[..., None]  # [B, kv, g, T] -> [B, T, kv, g, 1]
+
+    def body(carry, xs):
+        m, l, acc = carry
+        k, v, mask = xs
+        s = jnp.where(mask, (_scores(q, k) * scale).astype(jnp.float32), -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - shift[..., None])
+        correction = jnp.exp(m - shift)
+        l = l * correction + jnp.sum(p, axis=-1)
+        acc = acc * to_out(correction) + _mix(p.astype(q.dtype), v).astype(jnp.float32)
+        return (m_new, l, acc), None
+
+    for keys, values, mask in segments:
+        S = keys.shape[1]
+        mask = jnp.broadcast_to(mask, (T, S))
+        pad = -S % chunk
+        if pad:
+            widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+            keys, values, mask = jnp.pad(keys, widths), jnp.pad(values, widths), jnp.pad(mask, ((0, 0), (0, pad)))
+        count = (S + pad) // chunk
+        keys, values = (jnp.moveaxis(a.reshape(a.shape[0], count, chunk, *a.shape[2:]), 1, 0) for a in (keys, values))
+        masks = jnp.moveaxis(mask.reshape(T, count, chunk), 1, 0)
+        (m, l, acc), _ = jax.lax.scan(body, (m, l, acc), (keys, values, masks))
+    return (acc / to_out(l)).astype(q.dtype)
+
+
+def attend(q, segments, scale, chunk=None):
     """Grouped-query attention of q [B, T, heads, D] over the (keys [B|1, S, kv, D], values, mask)
-    triples of `segments`: one softmax (in float32) over all of their keys."""
+    triples of `segments`: one softmax (in float32) over all of their keys, or (chunk an int) an
+    online softmax over `chunk` keys at a time."""
     B, T, heads, D = q.shape
     kv_heads = segments[0][0].shape[2]
     q = q.reshape(B, T, kv_heads, heads // kv_heads, D)
+    if chunk is not None:
+        return _attend_chunked(q, segments, scale, chunk).reshape(B, T, heads, D)
     scores = [jnp.where(mask, (_scores(q, k) * scale).astype(jnp.float32), -jnp.inf) for k, _, mask in segments]
     weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(q.dtype)
     bounds = [0]
@@ -112,7 +205,7 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_eps, rngs, stack) if c.qk_norm else None
         self.shape = (c.num_heads, c.num_kv_heads, c.head_dim)
 
-    def __call__(self, x, cos, sin, segments):
+    def __call__(self, x, cos, sin, segments, kv_cache=None, attention_chunk=None):
         heads, kv_heads, D = self.shape
         B, T, _ = x.shape
         q = self.q_proj(x).reshape(B, T, heads, D)
@@ -121,9 +214,10 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        own = (k, v, jnp.tril(jnp.ones((T, T), bool)))
-        out = attend(q, (*segments, own), D**-0.5)
-        return self.o_proj(out.reshape(B, T, heads * D)), (k, v)
+        stored = (store_kv(k, kv_cache), store_kv(v, kv_cache))
+        own = (load_kv(stored[0], x.dtype), load_kv(stored[1], x.dtype), jnp.tril(jnp.ones((T, T), bool)))
+        out = attend(q, (*segments, own), D**-0.5, attention_chunk)
+        return self.o_proj(out.reshape(B, T, heads * D)), stored
 
 
 class MLP(nnx.Module):
@@ -146,8 +240,8 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps, rngs, stack)
         self.mlp = MLP(config, rngs, stack)
 
-    def __call__(self, h, cos, sin, segments):
-        a, kv = self.self_attn(self.input_layernorm(h), cos, sin, segments)
+    def __call__(self, h, cos, sin, segments, kv_cache=None, attention_chunk=None):
+        a, kv = self.self_attn(self.input_layernorm(h), cos, sin, segments, kv_cache, attention_chunk)
         h = h + a
         return h + self.mlp(self.post_attention_layernorm(h)), kv
 
@@ -161,9 +255,10 @@ class Transformer(nnx.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_eps, rngs)
         self.lm_head = None if c.tie_embeddings else Linear(c.hidden_size, c.vocab_size, False, rngs)
 
-    def __call__(self, tokens, positions, segments=()):
+    def __call__(self, tokens, positions, segments=(), kv_cache=None, attention_chunk=None):
         """Logits float32 [B, T, V] of tokens [B, T] at positions [T] after the cached `segments`,
-        and the new tokens' (keys, values), each [layers, B, T, kv_heads, head_dim]."""
+        and the new tokens' (keys, values), each [layers, B, T, kv_heads, head_dim] as the cache
+        stores them (`store_kv`)."""
         c = self.config
         embed = self.embed_tokens.weight[...]
         h = embed[tokens]
@@ -173,8 +268,8 @@ class Transformer(nnx.Module):
 
         def layer(h, xs):
             layer_params, cached = xs
-            layer_segments = tuple((k, v, m) for (k, v), m in zip(cached, masks))
-            return nnx.merge(graph, layer_params)(h, cos, sin, layer_segments)
+            layer_segments = tuple((load_kv(k, h.dtype), load_kv(v, h.dtype), m) for (k, v), m in zip(cached, masks))
+            return nnx.merge(graph, layer_params)(h, cos, sin, layer_segments, kv_cache, attention_chunk)
 
         h, kv = jax.lax.scan(layer, h, (params, tuple((s.keys, s.values) for s in segments)))
         h = self.norm(h)
@@ -188,7 +283,11 @@ def random_transformer(config, key):
     return Transformer(config, nnx.Rngs(params=key))
 
 
-def forward(graphdef, state, tokens, positions, segments=(), dtype=jnp.float32):
-    """The split model run in `dtype` (weights cast per call, so variants share one copy)."""
-    cast = jax.tree.map(lambda a: a.astype(dtype), state)
-    return nnx.merge(graphdef, cast)(tokens, positions, segments)
+def forward(graphdef, state, tokens, positions, segments=(), dtype=jnp.float32, kv_cache=None,
+            attention_chunk=None):
+    """The split model run in `dtype` (float weights and scales cast per call, so variants share
+    one copy; integer weights stay integers until a Linear dequantizes them), with the KV cache
+    held as `kv_cache` (None: the compute dtype; a name of KV_CACHE_DTYPES) and attention over
+    `attention_chunk` keys at a time (None: one softmax)."""
+    cast = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
+    return nnx.merge(graphdef, cast)(tokens, positions, segments, kv_cache, attention_chunk)

