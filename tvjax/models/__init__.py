@@ -11,12 +11,21 @@ GGUF files, Hugging Face folders or random weights, and a language model as a tv
 """
 
 from tvjax.models.config import ModelConfig
-from tvjax.models.process import LanguageModel, Sampling, Serving, check_lm_pair, language_model, sampling_logprobs
+from tvjax.models.process import (
+    LanguageModel,
+    Sampling,
+    Serving,
+    at_least_kth_largest,
+    check_lm_pair,
+    language_model,
+    sampling_logprobs,
+)
 from tvjax.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tvjax.models.tokenizer import ChatTokenizer, render_chat_template, tokenizer_from_gguf
 from tvjax.models.weights import LoadedModel, load_gguf, load_hf_folder, load_smollm2, random_model, save_hf_folder
 
 __all__ = ["ModelConfig", "LanguageModel", "Sampling", "Serving", "check_lm_pair", "language_model", "sampling_logprobs",
+           "at_least_kth_largest",
            "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
            "ChatTokenizer", "render_chat_template", "tokenizer_from_gguf", "LoadedModel", "load_gguf", "load_hf_folder",
            "load_smollm2", "random_model", "save_hf_folder"]
