@@ -29,6 +29,12 @@ SCRIPT = textwrap.dedent(
         "likelihood_ratio_copies": lambda: tvjax.likelihood_ratio(key, pi, mu, tvjax.Exact(), Samples(40), copies=16),
         "multilevel_copies": lambda: tvjax.multilevel(key, pi, mu, tvjax.Noisy(0.5), schedule, copies=3),
     }
+    from tvjax.models import ModelConfig, language_model, random_model
+    lm = language_model(random_model(ModelConfig("llama", 8, 16, 24, 2, 4, 2, 4, 32), jax.random.key(3)), [1, 2, 3], 4,
+                        max_chunk_rows=32)
+    lm_top_k = lm.variant(top_k=3)
+    runs["language_model_exact"] = lambda: tvjax.likelihood_ratio(key, lm, lm_top_k, tvjax.Exact(), Samples(100))
+    runs["language_model_noisy"] = lambda: tvjax.multilevel(key, lm, lm_top_k, tvjax.Noisy(0.3), schedule)
     mesh = trajectory_mesh()
     one_device = trajectory_mesh(jax.devices()[:1])
     out = {"devices": len(mesh.devices.flat)}
@@ -65,7 +71,8 @@ def test_chunks_are_partitioned_not_gathered(two_device_results):
 
 
 @pytest.mark.parametrize("name", ["likelihood_ratio", "multilevel_noisy", "sample_only", "plugin_logit_noise", "plugin_kl",
-                                  "likelihood_ratio_copies", "multilevel_copies"])
+                                  "likelihood_ratio_copies", "multilevel_copies", "language_model_exact",
+                                  "language_model_noisy"])
 def test_sharded_matches_single_device(two_device_results, name):
     single, sharded = two_device_results[name]
     np.testing.assert_allclose(sharded, single, rtol=1e-5, atol=1e-6)
