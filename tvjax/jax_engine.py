@@ -45,8 +45,7 @@ import numpy as np
 
 from tvjax.engines.models import resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored
-from tvjax.models import language_model, load_gguf, load_hf_folder, sampling_logprobs
-from tvjax.models.transformer import Segment
+from tvjax.models import decode_loop, language_model, load_gguf, load_hf_folder
 
 
 class TemplateTokenizer:
@@ -75,39 +74,20 @@ def load_model(model: str):
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
 def _decode(lm, key, targets, width, force):
-    """The KV-cache decode loop of `LanguageModel.sample` (step t feeds x_t at position P + t and
-    reads the prompt cache and the row's cache of x_<t, served as lm.serving), recording at every
-    step the realized token's log-probability and the top-`width` readout of the sampling
-    distribution.
+    """`LanguageModel.sample`'s decode loop (the same keys and draws), recording at every step the
+    realized token's log-probability and the top-`width` readout of the sampling distribution.
 
     force=False draws x_t (targets only gives the shape); force=True feeds targets [num, n].
     Returns tokens int32 [num, n], realized float32 [num, n], ids int32 [num, n, w], values [num, n, w].
     """
-    P, n = len(lm.prompt), lm.n
-    num = targets.shape[0]
-    keys = jax.random.split(key, n)
 
-    def record(k, logits, target):
-        logprobs = sampling_logprobs(logits, lm.sampling, lm.eos_ids)
+    def record(k, logprobs, target):
         token = target if force else jax.random.categorical(k, logprobs, axis=-1).astype(jnp.int32)
         values, ids = jax.lax.top_k(logprobs, width)
-        return token, jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0], ids.astype(jnp.int32), values
+        realized = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
+        return token, (token, realized, ids.astype(jnp.int32), values)
 
-    first = record(keys[0], jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), targets[:, 0])
-    shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
-
-    def step(carry, xs):
-        cache_k, cache_v, token = carry
-        t, k, target = xs
-        own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
-        logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
-        cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
-        out = record(k, logits[:, 0], target)
-        return (cache_k, cache_v, out[0]), out
-
-    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), first[0]), (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
-    # rest: [n - 1, num, ...] per field; put the steps on axis 1, after the rows
-    return tuple(jnp.concatenate([f[:, None], jnp.moveaxis(r, 0, 1)], axis=1) for f, r in zip(first, rest))
+    return decode_loop(lm, key, targets, record)
 
 
 @functools.partial(jax.jit, static_argnums=2)

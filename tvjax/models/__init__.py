@@ -17,6 +17,7 @@ from tvjax.models.process import (
     Serving,
     at_least_kth_largest,
     check_lm_pair,
+    decode_loop,
     language_model,
     sampling_logprobs,
 )
@@ -25,7 +26,7 @@ from tvjax.models.tokenizer import ChatTokenizer, render_chat_template, tokenize
 from tvjax.models.weights import LoadedModel, load_gguf, load_hf_folder, load_smollm2, random_model, save_hf_folder
 
 __all__ = ["ModelConfig", "LanguageModel", "Sampling", "Serving", "check_lm_pair", "language_model", "sampling_logprobs",
-           "at_least_kth_largest",
+           "at_least_kth_largest", "decode_loop",
            "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
            "ChatTokenizer", "render_chat_template", "tokenizer_from_gguf", "LoadedModel", "load_gguf", "load_hf_folder",
            "load_smollm2", "random_model", "save_hf_folder"]

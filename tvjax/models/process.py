@@ -274,26 +274,41 @@ def _path_logprobs(lm, tokens):
     return jnp.take_along_axis(_next_token_logprobs(lm, tokens), tokens[..., None], axis=-1)[..., 0]
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _sample(lm, key, num):
-    """The decode loop: step t feeds x_t at position P + t, reading the prompt cache and the row's
-    cache of x_<t, writes x_t's keys and values into slot t, and draws x_{t+1}."""
+def decode_loop(lm, key, targets, choose):
+    """The KV-cache decode loop of a LanguageModel over targets [num, n] (only their shape when
+    the tokens are drawn): step t feeds x_t at position P + t, reading the prompt cache and the
+    row's cache of x_<t, writes x_t's keys and values into slot t, and lets
+    choose(key, logprobs [num, V], target [num]) -> (x_{t+1} [num], record) pick the next token
+    from the sampling distribution. Returns the records, each with a leading [num, n]."""
     P, n = len(lm.prompt), lm.n
+    num = targets.shape[0]
     keys = jax.random.split(key, n)
-    draw = lambda k, logits: jax.random.categorical(k, sampling_logprobs(logits, lm.sampling, lm.eos_ids), axis=-1)
-    first = draw(keys[0], jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)))
+    distribution = lambda logits: sampling_logprobs(logits, lm.sampling, lm.eos_ids)
+    token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size))), targets[:, 0])
     shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
 
-    def step(carry, t):
+    def step(carry, xs):
         cache_k, cache_v, token = carry
+        t, k, target = xs
         own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
-        logits, (k, v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
-        cache_k, cache_v = lm.write_cache(cache_k, k, t), lm.write_cache(cache_v, v, t)
-        token = draw(keys[t + 1], logits[:, 0])
-        return (cache_k, cache_v, token), token
+        logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
+        cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
+        token, record = choose(k, distribution(logits[:, 0]), target)
+        return (cache_k, cache_v, token), record
 
-    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), first), jnp.arange(n - 1))
-    return jnp.concatenate([first[:, None], rest.T], axis=1).astype(jnp.int32)
+    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), token), (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
+    # rest: [n - 1, num, ...] per record; the steps go on axis 1, after the rows
+    return jax.tree.map(lambda f, r: jnp.concatenate([f[:, None], jnp.moveaxis(r, 0, 1)], axis=1), first, rest)
+
+
+def _draw(key, logprobs, target):
+    token = jax.random.categorical(key, logprobs, axis=-1).astype(jnp.int32)
+    return token, token
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _sample(lm, key, num):
+    return decode_loop(lm, key, jnp.zeros((num, lm.n), jnp.int32), _draw)
 
 
 def _positive_int(name, value):
