@@ -37,8 +37,8 @@ def nested_z(key, pi, mu, oracle, repeats, num):
     rows = []
     for side_key, side in zip(jax.random.split(key), (pi, mu)):
         k_sample, k_score = jax.random.split(side_key)
-        tokens = side.sample(k_sample, num)
-        rows.append(mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), tokens, repeats)))
+        paths = oracle.trajectory_sampler(side, (pi, mu))(k_sample, num)
+        rows.append(mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, repeats)))
     return jnp.concatenate(rows)
 
 

@@ -1,5 +1,6 @@
 """Instances and their ground truth: exact values, enumeration against brute force, sampling laws."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -8,16 +9,19 @@ import numpy as np
 import pytest
 
 import tvjax
+from tvjax.currency import likelihood_ratio_term
 from tvjax.instances import (
     TabularProcess,
     block_pair,
     enumerate_tv,
     exact_tv,
+    likelihood_ratio_moments,
     paper_block_pair,
     random_tabular_pair,
     rare_escape_pair,
     tabular_logits,
 )
+from tvjax.oracles import Exact, Noisy
 
 
 def test_paper_instance_exact_tv():
@@ -183,3 +187,66 @@ def test_rare_escape_uniform_pair_has_the_stated_tv():
     for bad in ({"K": 3}, {"K": 0}, {"tv_outcomes": 0.6}):
         with pytest.raises(ValueError):
             tvjax.rare_escape_uniform_pair(**bad)
+
+
+def _path_mismatched_block_pair():
+    """Two block processes whose hidden paths differ in some blocks: mu has zero mass off its path."""
+    pi, mu = block_pair(seed=4, n=10, block_bits=3, p_active=0.5, alpha=0.3)
+    other, _ = block_pair(seed=5, n=10, block_bits=3, p_active=0.5, alpha=0.3)
+    hidden = np.asarray(pi.hidden_paths).copy()
+    hidden[::2] = np.asarray(other.hidden_paths)[::2]
+    return pi, dataclasses.replace(mu, hidden_paths=hidden)
+
+
+@pytest.mark.parametrize("pair", ["paper", "path_mismatch"])
+def test_realized_sampler_equals_the_token_path(pair):
+    """The block instance's compact sampler gives exactly the realized log-probs, zero-mass counts
+    and path log-probs that its tokens give under every oracle's token path."""
+    pi, mu = paper_block_pair() if pair == "paper" else _path_mismatched_block_pair()
+    key = jax.random.key(7)
+    for sampler in (pi, mu):
+        compact = sampler.realized_sampler((pi, mu))(key, 3000)
+        from_tokens = Noisy(0.1).realize((pi, mu), sampler.sample(key, 3000))
+        for got, want in zip(compact, from_tokens):
+            for a, b in zip(got, want):  # sums of a dozen float32 terms: equal to rounding
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=0)
+    if pair == "path_mismatch":
+        assert np.any(np.asarray(compact.zero_mass[0]) > 0) and np.any(np.asarray(compact.zero_mass[1]) == 0)
+    # A pair of another kind has no compact sampler: the oracles fall back to tokens.
+    tab, _ = random_tabular_pair()
+    assert pi.realized_sampler((pi, tab)) is None
+
+
+def test_block_final_bit_law_and_one_word_per_trajectory():
+    """P(final bit = 1 | block) is p1 to within 2^-20 plus sampling error, from one random word."""
+    pi, _ = paper_block_pair()
+    num = 400_000
+    u, final = pi._draw(jax.random.key(3), num)
+    p1 = np.asarray(pi.final_p1, np.float64)[np.asarray(u)]
+    z = (np.sum(np.asarray(final)) - np.sum(p1)) / np.sqrt(np.sum(p1 * (1 - p1)))
+    assert abs(z) < 5
+    counts = np.bincount(np.asarray(u), minlength=4096)
+    assert abs(counts.mean() - num / 4096) < 1e-9 and counts.std() < 2 * np.sqrt(num / 4096)
+    words = jax.make_jaxpr(lambda k: pi._draw(k, num))(jax.random.key(0))
+    assert f"shape=({num},)" in str(words) and f"shape=({2 * num},)" not in str(words)
+
+
+@pytest.mark.parametrize("pair", ["paper", "path_mismatch", "tabular_top_k"])
+def test_exact_ratio_moments_match_sampling(pair):
+    """Var(R) of Algorithm 1 computed exactly (a sum over blocks, or enumeration) agrees with the
+    sampled mean and variance of 200k trajectories within 5 standard errors, and its mean is the TV."""
+    if pair == "paper":
+        pi, mu = paper_block_pair()
+    elif pair == "path_mismatch":
+        pi, mu = _path_mismatched_block_pair()
+    else:
+        pi, mu = random_tabular_pair(seed=2, vocab_size=3, n=5, context_len=1, top_k=(2, None))
+    exact = likelihood_ratio_moments(pi, mu)
+    assert exact.mean == pytest.approx(exact_tv(pi, mu), abs=1e-6)
+    assert exact.mean == pytest.approx(enumerate_tv(pi, mu), abs=1e-6) if pair != "paper" else True
+    num = 200_000
+    logs = Exact().nested_path_logprobs(None, (pi, mu), pi.sample(jax.random.key(11), num), (1,))
+    r = np.asarray(likelihood_ratio_term(logs[0][:, 0], logs[1][:, 0]), np.float64)
+    assert abs(r.mean() - exact.mean) < 5 * np.sqrt(exact.variance / num) + 1e-6
+    # Var of the sample variance: (mu4 - sigma^4) / N, with mu4 <= E[R^4] <= E[R^2] for R in [0, 1].
+    assert abs(r.var(ddof=1) - exact.variance) < 5 * np.sqrt((exact.variance + exact.mean**2) / num) + 1e-6

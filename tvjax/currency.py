@@ -6,7 +6,32 @@ explicitly here, once: with top-k sampling a trajectory outside one model's supp
 common case, not an edge case.
 """
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
+
+
+class Realized(NamedTuple):
+    """Sampled trajectories as the oracles see them, without their tokens. Per model: the realized
+    log-probs log p(x_i | x_<i) at the positions where a conditional can be random, and how many
+    of the other positions (where every conditional is 0 or 1) have zero mass. A process that
+    knows its trajectories compactly (`realized_sampler`) hands these over directly; no token
+    array is formed."""
+
+    logprobs: tuple  # per model: float32 [num, positions]
+    zero_mass: tuple  # per model: int32 [num], deterministic positions with p(x_i | x_<i) = 0
+    log_path: tuple  # per model: float32 [num], log p(x) (what exact logits give)
+
+    def fixed_logprobs(self, floor=0.0):
+        """Per model [num]: the deterministic positions' summed log-probs, each zero-mass position
+        clipped to log(floor) (floor 0: -inf), as a draw there would be."""
+        clip = lambda z: jnp.where(z > 0, -jnp.inf, 0.0) if floor == 0 else z * jnp.log(jnp.float32(floor))
+        return [clip(z) for z in self.zero_mass]
+
+    def shard(self, shard_rows):
+        return jax.tree.map(shard_rows, self)
+
 
 # The r-averaged noisy probability is clipped to [LOG_FLOOR, 1] before the log (paper, B.2).
 LOG_FLOOR = 1e-12

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tvjax.currency import Realized, likelihood_ratio_term
 from tvjax.validate import check_pair, check_positive_int, check_probability_vector, check_range
 
 NEG_INF = -jnp.inf
@@ -66,18 +67,55 @@ class BlockProcess:
     def _block(self, tokens):
         return _bits_to_int(tokens[:, : self.block_bits])
 
+    def _draw(self, key, num):
+        """(block u [num], final bit [num]) of `num` trajectories. One random word per trajectory:
+        its top block_bits bits are the block (uniform), the rest a uniform on [0, 1) that the
+        final bit compares to p1, so P(final = 1) is p1 rounded up to a multiple of 2^-(32 -
+        block_bits) (2^-20 on the paper's instance). Fewer than 20 bits left: a second word's top 24."""
+        uniform_bits = 32 - self.block_bits
+        if uniform_bits >= 20:
+            words = jax.random.bits(key, (num,), jnp.uint32)
+            rest = words & jnp.uint32(2**uniform_bits - 1)
+        else:
+            pair = jax.random.bits(key, (2 * num,), jnp.uint32).reshape(num, 2)
+            words, rest, uniform_bits = pair[:, 0], pair[:, 1] >> 8, 24
+        u = (words >> uniform_bits).astype(jnp.int32)
+        uniform = rest.astype(jnp.float32) * 2.0**-uniform_bits
+        return u, (uniform < jnp.asarray(self.final_p1, jnp.float32)[u]).astype(jnp.int32)
+
     def sample(self, key, num):
-        # Two random words per trajectory: the block's bits are the top bits of the first (uniform
-        # over blocks), the final bit compares the second's top 24 bits, a uniform on [0, 1), to p1.
-        words = jax.random.bits(key, (2 * num,), jnp.uint32).reshape(num, 2)
-        u = (words[:, 0] >> (32 - self.block_bits)).astype(jnp.int32)
+        u, final = self._draw(key, num)
         shifts = jnp.arange(self.block_bits - 1, -1, -1, dtype=jnp.int32)
         u_bits = (u[:, None] >> shifts) & 1
         path = jnp.asarray(self.hidden_paths)[u].astype(jnp.int32)
-        p1 = jnp.asarray(self.final_p1, jnp.float32)[u]
-        uniform = (words[:, 1] >> 8).astype(jnp.float32) * 2.0**-24
-        final = (uniform < p1).astype(jnp.int32)[:, None]
-        return jnp.concatenate([u_bits, path, final], axis=1)
+        return jnp.concatenate([u_bits, path, final[:, None]], axis=1)
+
+    def realized_sampler(self, models):
+        """A function (key, num) -> `Realized` giving the trajectories of `sample(key, num)` under
+        `models` (block processes of this shape; None otherwise: callers fall back to tokens)
+        without forming a token: per model the block bits' log(1/2), the final bit's log-prob,
+        and how many hidden-path positions of block u that model's path disagrees on (each one
+        zero mass). The per-block tables are built here, once, outside the callers' chunk loops."""
+        if not all(isinstance(m, BlockProcess) and (m.n, m.block_bits) == (self.n, self.block_bits) for m in models):
+            return None
+        hidden = jnp.asarray(self.hidden_paths)
+        tables = []
+        for model in models:
+            p1 = jnp.asarray(model.final_p1, jnp.float32)
+            mismatches = jnp.sum(jnp.asarray(model.hidden_paths) != hidden, axis=1, dtype=jnp.int32)
+            tables.append((jnp.log(1.0 - p1), jnp.log(p1), mismatches))
+
+        def sample(key, num):
+            u, final = self._draw(key, num)
+            head = jnp.full((num, self.block_bits), jnp.log(0.5), jnp.float32)
+            last = [jnp.where(final == 1, log_p1[u], log_p0[u]) for log_p0, log_p1, _ in tables]
+            zero_mass = [mismatches[u] for _, _, mismatches in tables]
+            # The path's log-prob directly: cheaper than summing the [num, positions] columns.
+            log_path = [self.block_bits * jnp.log(0.5) + lp + jnp.where(z > 0, NEG_INF, 0.0) for lp, z in zip(last, zero_mass)]
+            logprobs = [jnp.concatenate([head, lp[:, None]], axis=1) for lp in last]
+            return Realized(tuple(logprobs), tuple(zero_mass), tuple(log_path))
+
+        return sample
 
     def path_logprobs(self, tokens):
         u = self._block(tokens)
@@ -370,8 +408,8 @@ def random_tabular_pair(
 MAX_ENUMERATION = 2**22
 
 
-def enumerate_tv(pi, mu, max_sequences=MAX_ENUMERATION, chunk=2**16):
-    """TV by summing |pi(x) - mu(x)| / 2 over all V**n sequences (small instances only)."""
+def _enumerated_sums(pi, mu, summands, max_sequences, chunk):
+    """sum over all V**n sequences x of summands(log pi(x), log mu(x)) -> [k] (small instances only)."""
     check_pair(pi, mu)
     V, n = pi.vocab_size, pi.n
     total = V**n
@@ -383,13 +421,51 @@ def enumerate_tv(pi, mu, max_sequences=MAX_ENUMERATION, chunk=2**16):
     digits = V ** jnp.arange(n - 1, -1, -1, dtype=jnp.int32)
 
     @jax.jit
-    def chunk_tv(start):
+    def chunk_sums(start):
         index = start + jnp.arange(chunk)
         tokens = ((index[:, None] // digits) % V).astype(jnp.int32)
-        gap = jnp.exp(jnp.sum(pi.path_logprobs(tokens), 1)) - jnp.exp(jnp.sum(mu.path_logprobs(tokens), 1))
-        return jnp.sum(jnp.where(index < total, jnp.abs(gap), 0.0))
+        values = summands(jnp.sum(pi.path_logprobs(tokens), 1), jnp.sum(mu.path_logprobs(tokens), 1))
+        return jnp.sum(jnp.where((index < total)[:, None], values, 0.0), axis=0)
 
-    return 0.5 * float(sum(np.float64(chunk_tv(start)) for start in range(0, total, chunk)))
+    return sum(np.asarray(chunk_sums(start), np.float64) for start in range(0, total, chunk))
+
+
+def enumerate_tv(pi, mu, max_sequences=MAX_ENUMERATION, chunk=2**16):
+    """TV by summing |pi(x) - mu(x)| / 2 over all V**n sequences (small instances only)."""
+    gap = lambda log_pi, log_mu: jnp.abs(jnp.exp(log_pi) - jnp.exp(log_mu))[:, None]
+    return 0.5 * float(_enumerated_sums(pi, mu, gap, max_sequences, chunk)[0])
+
+
+class RatioMoments(NamedTuple):
+    """Exact mean and variance of Algorithm 1's R = (1 - mu(X)/pi(X))_+ over X ~ pi."""
+
+    mean: float
+    variance: float
+
+
+def _block_ratio_moments(pi, mu):
+    # X is (block u, final bit b): pi(u, b) = 2^-bits p_b(u); the hidden paths agree or mu(X) = 0.
+    same = np.all(np.asarray(pi.hidden_paths) == np.asarray(mu.hidden_paths), axis=1)
+    p1_pi, p1_mu = (np.asarray(p.final_p1, np.float64) for p in (pi, mu))
+    weight = np.stack([1.0 - p1_pi, p1_pi]) / p1_pi.size
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.stack([(1.0 - p1_mu) / (1.0 - p1_pi), p1_mu / p1_pi])
+    r = np.where(same, np.maximum(1.0 - np.nan_to_num(ratio, nan=0.0, posinf=0.0), 0.0), 1.0)
+    return np.sum(weight * r), np.sum(weight * r**2)
+
+
+def likelihood_ratio_moments(pi, mu, max_sequences=MAX_ENUMERATION):
+    """RatioMoments of R over X ~ pi, exactly: a sum over the 2 * 2^block_bits outcomes of a
+    block pair, enumeration over all V**n sequences otherwise (small instances only). The
+    estimator's standard error at N trajectories is sqrt(variance / N)."""
+    check_pair(pi, mu)
+    if isinstance(pi, BlockProcess) and isinstance(mu, BlockProcess) and pi.block_bits == mu.block_bits:
+        first, second = _block_ratio_moments(pi, mu)
+    else:
+        powers = jnp.arange(1, 3)  # E[R] and E[R^2]
+        moments = lambda log_pi, log_mu: jnp.exp(log_pi)[:, None] * likelihood_ratio_term(log_pi, log_mu)[:, None] ** powers
+        first, second = _enumerated_sums(pi, mu, moments, max_sequences, 2**16)
+    return RatioMoments(float(first), float(max(second - first**2, 0.0)))
 
 
 def exact_tv(pi, mu, max_sequences=MAX_ENUMERATION):

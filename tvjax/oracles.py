@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tvjax.currency import LOG_FLOOR, log_clipped_mean
+from tvjax.currency import LOG_FLOOR, Realized, log_clipped_mean
+from tvjax.sharding import shard_rows
 from tvjax.validate import check_range, is_concrete
 
 
@@ -54,16 +55,22 @@ def _flat_draw(draw, key, shape):
     return draw(key, (int(np.prod(shape)),)).reshape(shape)
 
 
+def _positions(process):
+    """The positions where a draw can be random: the process's `stochastic_positions`, or all."""
+    positions = getattr(process, "stochastic_positions", None)
+    return np.arange(process.n) if positions is None else np.asarray(positions, int)
+
+
 def _realized_probs(process, tokens):
     return jnp.exp(process.path_logprobs(tokens))
 
 
 class _Oracle:
-    """Shared driver. Subclasses give `_prepare(process, tokens, logp, select)` (what the draws
-    need, from the realized log-probs `logp` at the selected positions; `select` takes a
-    [num, n, ...] array to those positions, position major: [positions, num, ...]) and
-    `_draw_sum(key, state, tokens, count)`: the sum of `count` realized-token probability draws
-    per cell [positions, num], with `count` possibly traced (0 allowed); and
+    """Shared driver. Subclasses give `_prepare(logp, process, trajectories)` (what the draws
+    need, from the realized log-probs `logp` [positions, num] at the drawn positions; an oracle
+    with `needs_tokens` reads the token trajectories too) and `_draw_sum(key, state, count)`:
+    the sum of `count` realized-token probability draws per cell [positions, num], with `count`
+    possibly traced (0 allowed); and
     `noise_level(pi, mu)`, the relative noise sigma of one draw that the paper's schedule is built
     for."""
 
@@ -81,29 +88,47 @@ class _Oracle:
         # total [..., positions, num]: the path's log r-average, summed over positions.
         return jnp.sum(log_clipped_mean(total, repeats, self.floor), axis=-2)
 
-    def _stochastic(self, process, tokens):
-        """(draw state, tokens, fixed [num]) at the positions where a draw can be random, position
-        major ([positions, num, ...]: XLA's CPU kernels vectorize along the long trajectory axis,
-        not along a dozen positions; about 20% faster per trajectory on the block instance).
+    # The oracle's draws need only the realized log-probs (not the tokens): trajectories may come
+    # as `Realized` from a process that samples them compactly.
+    needs_tokens = False
+
+    def trajectory_sampler(self, sampler, models):
+        """A function (key, num) -> `num` trajectories of `sampler` in the form
+        `nested_path_logprobs` takes: `Realized` log-probs under `models` where the sampler can
+        give them without tokens (`realized_sampler`: the block instance, one random word per
+        trajectory and no [num, n] array) and the oracle needs no tokens, else the token array.
+        Rows sharded over a trajectory mesh. Build it outside a chunk loop: its tables are."""
+        compact = getattr(sampler, "realized_sampler", None)
+        draw = None if compact is None or self.needs_tokens else compact(models)
+        if draw is not None:
+            return lambda key, num: draw(key, num).shard(shard_rows)
+        return lambda key, num: shard_rows(sampler.sample(key, num))
+
+    def realize(self, models, tokens):
+        """`Realized` log-probs of token trajectories [num, n] under `models`, at the positions
+        where a draw can be random (a `Realized` passes through).
 
         A process may declare `stochastic_positions` (static indices outside which every
         conditional is 0 or 1 for any prefix). There a draw is exactly p, so those positions add
         the constant log(clip(p)) to every average and need no random numbers: on the paper's
         block instance 13 of 128 positions draw."""
-        logp = process.path_logprobs(tokens)
-        positions = getattr(process, "stochastic_positions", None)
-        if positions is None:
-            select = lambda a: jnp.moveaxis(a, 1, 0)
-            return self._prepare(process, tokens, select(logp), select), select(tokens), jnp.zeros(tokens.shape[0])
-        fixed = _columns(logp, np.setdiff1d(np.arange(process.n), positions))
-        if self.floor > 0:
-            fixed = jnp.maximum(fixed, jnp.log(self.floor))
-        select = lambda a: jnp.moveaxis(_columns(a, positions), 1, 0)
-        return self._prepare(process, tokens, select(logp), select), select(tokens), jnp.sum(fixed, axis=-1)
+        if isinstance(tokens, Realized):
+            return tokens
+        logprobs, zero_mass, log_path = [], [], []
+        for process in models:
+            logp = process.path_logprobs(tokens)
+            log_path.append(jnp.sum(logp, axis=-1))
+            positions = _positions(process)
+            logprobs.append(_columns(logp, positions))
+            fixed = np.setdiff1d(np.arange(process.n), positions)
+            zeros = jnp.sum(jnp.isneginf(_columns(logp, fixed)), axis=-1, dtype=jnp.int32) if fixed.size else None
+            zero_mass.append(jnp.zeros(tokens.shape[0], jnp.int32) if zeros is None else zeros)
+        return Realized(tuple(logprobs), tuple(zero_mass), tuple(log_path))
 
-    def nested_path_logprobs(self, key, models, tokens, repeats):
+    def nested_path_logprobs(self, key, models, trajectories, repeats):
         """One [num, L] array per model: column l is the path log-prob of the average of the
         first repeats[l] draws, nested (the same draws extended), independent between models.
+        `trajectories` are tokens [num, n] or `Realized` (see `trajectory_sampler`).
 
         `repeats` is a sequence of L nondecreasing counts, each a static int, a traced scalar or
         per row ([num, 1]); a leading count of 0 gives an unused first column (a chunk's
@@ -111,22 +136,25 @@ class _Oracle:
         each call costs tens of microseconds whatever its size. Rows whose leading count is 0
         draw that sum anyway and scale it by 0: cheaper to compile and to run here than a
         branch that skips them."""
-        parts = [self._stochastic(process, tokens) for process in models]
-        tokens = parts[0][1]
-        states = [state for state, _, _ in parts]
+        realized = self.realize(models, trajectories)
+        # Position major [positions, num]: XLA's CPU kernels vectorize along the long trajectory
+        # axis, not along a dozen positions (about 20% faster per trajectory on the block instance).
+        logprobs = [jnp.moveaxis(lp, 1, 0) for lp in realized.logprobs]
+        states = [self._prepare(lp, process, trajectories) for lp, process in zip(logprobs, models)]
+        cells = logprobs[0].shape
         # Per-row counts [num, 1] apply along the trajectory axis, last in the position-major cells.
         repeats = [r.reshape(1, -1) if jnp.ndim(r) == 2 else r for r in repeats]
         no_first = is_concrete(repeats[0]) and np.all(np.asarray(repeats[0]) == 0)
         increments = ([] if no_first else [repeats[0]]) + [b - a for a, b in zip(repeats, repeats[1:])]
         # [models, increments, positions, num]: sums of increments[j] draws, one random call.
-        full = (len(models), len(increments)) + tokens.shape
-        count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, tokens.shape) for c in increments]), full)
+        full = (len(models), len(increments)) + cells
+        count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, cells) for c in increments]), full)
         state = jax.tree.map(lambda *a: jnp.broadcast_to(jnp.stack(a)[:, None], full + a[0].shape[2:]), *states)
-        totals = jnp.cumsum(self._draw_sum(key, state, jnp.broadcast_to(tokens, full), count), axis=1)
+        totals = jnp.cumsum(self._draw_sum(key, state, count), axis=1)
         if no_first:
             totals = jnp.concatenate([jnp.zeros_like(totals[:, :1]), totals], axis=1)
         columns = jnp.stack([self._path(totals[:, l], jnp.maximum(r, 1)) for l, r in enumerate(repeats)], -1)
-        return [fixed[:, None] + column for (_, _, fixed), column in zip(parts, columns)]
+        return [f[:, None] + column for f, column in zip(realized.fixed_logprobs(self.floor), columns)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,10 +162,13 @@ class Exact(_Oracle):
     """Exact prefix logits: every repeat returns the true probability."""
 
     floor: float = 0.0
-    traced_chunk_rows = 2048
+    traced_chunk_rows = 16384
 
-    def nested_path_logprobs(self, key, models, tokens, repeats):
-        paths = [jnp.sum(process.path_logprobs(tokens), axis=-1) for process in models]
+    def nested_path_logprobs(self, key, models, trajectories, repeats):
+        if isinstance(trajectories, Realized):
+            paths = trajectories.log_path
+        else:
+            paths = [jnp.sum(process.path_logprobs(trajectories), axis=-1) for process in models]
         return [jnp.repeat(path[:, None], len(repeats), axis=1) for path in paths]
 
     def noise_level(self, pi, mu):
@@ -166,11 +197,11 @@ class Noisy(_Oracle):
     def noise_level(self, pi, mu):
         return float(self.sigma)
 
-    def _prepare(self, process, tokens, logp, select):
+    def _prepare(self, logp, process, trajectories):
         p = jnp.exp(logp)
         return p, self.sigma * jnp.sqrt(p * (1.0 - p))
 
-    def _draw_sum(self, key, state, tokens, count):
+    def _draw_sum(self, key, state, count):
         # The sum of `count` independent Gaussian draws, drawn directly: N(count p, count sd^2).
         p, sd = state
         return count * p + sd * jnp.sqrt(count) * _flat_draw(jax.random.normal, key, p.shape)
@@ -203,10 +234,10 @@ class Sampler(_Oracle):
         # Lemma 4: a prefix sampler is a noisy oracle with sigma^2 <= K, the largest support.
         return math.sqrt(max(pi.max_support, mu.max_support))
 
-    def _prepare(self, process, tokens, logp, select):
+    def _prepare(self, logp, process, trajectories):
         return jnp.exp(logp)
 
-    def _draw_sum(self, key, p, tokens, count):
+    def _draw_sum(self, key, p, count):
         count = jnp.broadcast_to(count, p.shape).reshape(-1)
         return _flat_draw(lambda k, shape: jax.random.binomial(k, count, p.reshape(shape)), key, p.shape).astype(p.dtype)
 
@@ -243,15 +274,20 @@ class LogitNoise(_Oracle):
     def row_size(process):
         return process.n * process.vocab_size
 
-    def _prepare(self, process, tokens, logp, select):
-        return select(process.next_token_logprobs(tokens))
+    needs_tokens = True
+
+    def _prepare(self, logp, process, tokens):
+        # The whole next-token rows and the realized tokens at the drawn positions, position major.
+        select = lambda a: jnp.moveaxis(_columns(a, _positions(process)), 1, 0)
+        return select(process.next_token_logprobs(tokens)), select(tokens)
 
     def _one_draw(self, key, logprobs, tokens):
         noisy = jax.nn.log_softmax(logprobs + self.scale * jax.random.normal(key, logprobs.shape), -1)
         return jnp.exp(jnp.take_along_axis(noisy, tokens[..., None], axis=-1)[..., 0])
 
-    def _draw_sum(self, key, logprobs, tokens, count):
+    def _draw_sum(self, key, state, count):
         # `count` may differ per row ([num, 1]): run to the largest and keep draw j where j < count.
+        logprobs, tokens = state
         count = jnp.broadcast_to(count, tokens.shape)
         body = lambda j, acc: acc + jnp.where(j < count, self._one_draw(jax.random.fold_in(key, j), logprobs, tokens), 0.0)
         return jax.lax.fori_loop(0, jnp.max(count), body, jnp.zeros(tokens.shape))

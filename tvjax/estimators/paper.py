@@ -19,7 +19,6 @@ from tvjax import cost
 from tvjax.currency import likelihood_ratio_term, mixture_z
 from tvjax.programs import program
 from tvjax.schedules import Level, Samples, Schedule, check_counts, check_repeat_count, check_schedule, per_copy
-from tvjax.sharding import shard_rows
 from tvjax.streaming import Moments, level_moments, stream_chunk
 from tvjax.validate import check_pair, check_positive_int
 
@@ -72,10 +71,12 @@ def _one_sided(key, pi, mu, oracle, num, repeats, chunk, term):
     """Moments [copies, 1] of term(L_pi, L_mu) on X ~ pi at `repeats` draws per position, num[c]
     trajectories for copy c."""
 
+    draw = oracle.trajectory_sampler(pi, (pi, mu))
+
     def summand(k, segment, levels, size):
         k_sample, k_score = jax.random.split(k)
-        tokens = shard_rows(pi.sample(k_sample, size))
-        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), tokens, (0, repeats))
+        paths = draw(k_sample, size)
+        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (0, repeats))
         return term(log_pi[:, 1], log_mu[:, 1])
 
     m = level_moments(key, summand, num[None, :, None], chunk)
@@ -123,12 +124,13 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
     fine = repeats
     coarse = jnp.concatenate([jnp.zeros(1, jnp.int32), fine[:-1]])
 
+    draws = [oracle.trajectory_sampler(sampler, (pi, mu)) for sampler in (pi, mu)]
+
     def summand(k, side, level, size):
         k_sample, k_score = jax.random.split(k)
-        tokens = jax.lax.cond(side == 0, lambda k: pi.sample(k, size), lambda k: mu.sample(k, size), k_sample)
+        paths = jax.lax.cond(side == 0, lambda k: draws[0](k, size), lambda k: draws[1](k, size), k_sample)
         # Rows of one chunk may belong to different levels: per-row repeat counts.
-        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), shard_rows(tokens),
-                                                     (coarse[level, None], fine[level, None]))
+        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (coarse[level, None], fine[level, None]))
         z = mixture_z(log_pi, log_mu)
         return z[:, 1] - jnp.where(level > 0, z[:, 0], 0.0)
 
