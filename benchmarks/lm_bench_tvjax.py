@@ -16,6 +16,7 @@ import numpy as np
 from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, write_json
 
 from tvjax.models import ModelConfig, language_model, load_hf_folder, load_smollm2, random_model, save_hf_folder
+from tvjax.programs import enable_compilation_cache
 
 from measure import peak_rss_bytes, rss_bytes, timed
 
@@ -97,4 +98,5 @@ def main(job_path, out_path):
 
 
 if __name__ == "__main__":
+    enable_compilation_cache()
     main(*sys.argv[1:3])

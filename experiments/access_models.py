@@ -1,15 +1,18 @@
 """Hydra app: RMSE against query budget under the three access models (paper appendix B.11).
 
     .venv/bin/python experiments/access_models.py [smoke=true]
+    .venv/bin/python experiments/access_models.py experiment=access_models_paper   # the paper's B.11 sizes
 
-Exact logits use Algorithm 1 with as many trajectories as the budget buys (`tvjax.cost`); noisy logits (one arm per sigma) and
-sample-only access use Algorithm 3 with fixed repeat levels, each level taking an equal share of
-the budget. RMSE over `reps` repetitions; the x axis is the queries actually spent.
+Exact logits, noisy logits (one arm per sigma) and sample-only access (Algorithm 3 through prefix
+samplers, fixed repeat levels, each level an equal share of the queries) over a grid of budgets
+or the paper's own sizes (see `arms`). RMSE over `reps` repetitions; the x axis is the queries
+actually spent.
 """
+
+from functools import partial
 
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
@@ -18,28 +21,40 @@ from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import as_runtime, equal_share_schedule
-from tvjax.studies import errors, replicate
+from tvjax.studies import errors, random_words, replicate
 
-from studykit import StudyResult, build_pair, run_study
+from studykit import StudyResult, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
 
 def arms(s, n):
-    """(label, oracle, budget -> (estimator fn, its sizes) or None when the budget is too small).
-    Sizes are runtime arguments: each arm compiles once for all its budgets."""
-    likelihood_ratio, multilevel = lookup("likelihood_ratio"), lookup("multilevel")
+    """(label, oracle, [(fn, sizes)] per point of the arm's grid). Sizes are runtime arguments:
+    each arm compiles once for all its points.
 
-    def exact(budget):
-        num = cost.trajectories_for_budget(budget, n)
-        return (likelihood_ratio.fn, likelihood_ratio.sizes(np.int32(num))) if num >= 2 else None
+    Two protocols. `budgets`: at each budget, the exact arm is Algorithm 1 with as many
+    trajectories as it buys, and each leveled arm gives every level an equal share (points where
+    a level gets no trajectory are left out). `paper_sizes` (the paper's B.11 runner): the exact
+    arm is the plug-in at r = 1 with `exact_per_side` trajectories per side, and each leveled arm
+    runs at `base_sizes` N_base, N_l = round(N_base L w_l / sum w), w_l = 1 / (1 + 2 r_l): an
+    equal share of 2 n N_base L^2 / sum w queries per level, rounded to the nearest size."""
+    likelihood_ratio, multilevel, plugin = lookup("likelihood_ratio"), lookup("multilevel"), lookup("plugin")
+    paper = s.get("paper_sizes")
+    if paper:
+        exact = [(plugin.fn, plugin.sizes(np.int32(num), np.int32(1))) for num in paper.exact_per_side]
+    else:
+        exact = [(likelihood_ratio.fn, likelihood_ratio.sizes(np.int32(num)))
+                 for num in (cost.trajectories_for_budget(budget, n) for budget in s.budgets) if num >= 2]
 
     def leveled(repeats):
-        def make(budget):
-            schedule = equal_share_schedule(budget, n, tuple(repeats))
-            return (multilevel.fn, as_runtime(schedule)) if min(schedule.num_samples) >= 1 else None
-
-        return make
+        repeats = tuple(repeats)
+        if paper:
+            weights = sum(1 / (1 + 2 * r) for r in repeats)
+            budgets = [cost.symmetric_queries(base, n, 0) * len(repeats) ** 2 / weights for base in paper.base_sizes]
+        else:
+            budgets = s.budgets
+        schedules = [equal_share_schedule(budget, n, repeats, nearest=bool(paper)) for budget in budgets]
+        return [(multilevel.fn, as_runtime(schedule)) for schedule in schedules if min(schedule.num_samples) >= 1]
 
     out = [("exact logits", Exact(), exact)]
     out += [(f"noisy sigma={a.sigma}, r={tuple(a.repeats)}", Noisy(a.sigma), leveled(a.repeats)) for a in s.noisy]
@@ -51,21 +66,21 @@ def study(cfg):
     s = cfg.study
     pi, mu = build_pair(cfg.instance)
     truth = exact_tv(pi, mu)
-    jobs = [(label, oracle, budget, make(budget)) for label, oracle, make in arms(s, pi.n) for budget in s.budgets]
-    jobs = [job for job in jobs if job[3] is not None]
-    rows = []
+    jobs = [(label, oracle, fn, sizes) for label, oracle, points in arms(s, pi.n) for fn, sizes in points]
+    rows, words = [], 0
     keys = jax.random.split(jax.random.key(cfg.seed), len(jobs))
-    for (label, oracle, budget, (fn, sizes)), key in zip(tqdm(jobs, desc="access models"), keys):
+    for (label, oracle, fn, sizes), key in zip(tqdm(jobs, desc="access models"), keys):
         est = replicate(fn, key, s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
+        words += random_words(pi, oracle, sizes, s.reps)
         mae, rmse, bias = errors(est.value, truth)
-        rows.append({"arm": label, "budget": budget, "queries": float(est.queries[0]), "rmse": rmse, "mae": mae,
-                     "bias": bias, "reps": s.reps})
+        rows.append({"arm": label, "sizes": [np.asarray(part).tolist() for part in sizes], "queries": float(est.queries[0]),
+                     "rmse": rmse, "mae": mae, "bias": bias, "reps": s.reps})
     summary = {"truth": truth, "reps": s.reps, "arms": sorted({r["arm"] for r in rows})}
-    return StudyResult(summary, rows, {"rmse_vs_budget": plot(rows, truth)})
+    return StudyResult(summary, rows, {"rmse_vs_budget": partial(plot, rows, truth)}, words)
 
 
 def plot(rows, truth):
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = subplots(figsize=(6, 4.5))
     for arm in dict.fromkeys(r["arm"] for r in rows):
         pts = sorted((r["queries"], r["rmse"]) for r in rows if r["arm"] == arm)
         ax.loglog(*zip(*pts), "o-", label=arm)

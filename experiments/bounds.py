@@ -11,11 +11,11 @@ grid: exact n/eps^2, noisy (n + n^2 sigma^2)/eps^2, sampler n^2 K/eps^2 (eps ent
 """
 
 import math
+from functools import partial
 from typing import Callable, NamedTuple
 
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
@@ -25,7 +25,7 @@ from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Level, Samples, as_runtime, paper_schedule
 from tvjax.studies import errors, loglog_fit, replicate
 
-from studykit import ConfigError, StudyResult, build_pair, run_study
+from studykit import ConfigError, StudyResult, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 ORACLES = {"exact": lambda p: Exact(), "noisy": lambda p: Noisy(p.sigma), "sampler": lambda p: Sampler()}
@@ -127,7 +127,8 @@ def study(cfg):
         print(f"{f['access']:8s} {f['axis']:6s} {f['estimator']:20s} fitted {f['fitted']:7.3f}   theory {f['theory']:6.3f}"
               f"   ({f['reachable']}/{f['points']} points reach eps)")
     summary = {"exponents": fits, "reps": s.reps, "pilot_scale": s.pilot_scale}
-    return StudyResult(summary, rows, {f"bounds_{a}": plot(rows, fits, a) for a in dict.fromkeys(r["access"] for r in rows)})
+    figures = {f"bounds_{a}": partial(plot, rows, fits, a) for a in dict.fromkeys(r["access"] for r in rows)}
+    return StudyResult(summary, rows, figures)
 
 
 def exponent_table(rows):
@@ -145,7 +146,7 @@ def exponent_table(rows):
 
 def plot(rows, fits, access):
     axes_names = list(dict.fromkeys(r["axis"] for r in rows if r["access"] == access))
-    fig, axes = plt.subplots(1, len(axes_names), figsize=(4.5 * len(axes_names), 4), squeeze=False)
+    fig, axes = subplots(1, len(axes_names), figsize=(4.5 * len(axes_names), 4), squeeze=False)
     for ax, axis in zip(axes[0], axes_names):
         mine = [r for r in rows if r["access"] == access and r["axis"] == axis]
         for f in (f for f in fits if f["access"] == access and f["axis"] == axis):

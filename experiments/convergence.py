@@ -8,19 +8,19 @@ least-squares slope of log MAE against log N (theory -0.5; paper -0.493).
 """
 
 import math
+from functools import partial
 
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv, likelihood_ratio_moments
 from tvjax.oracles import Exact
-from tvjax.studies import errors, loglog_fit, replicate
+from tvjax.studies import errors, loglog_fit, random_words, replicate
 
-from studykit import StudyResult, build, build_pair, run_study
+from studykit import StudyResult, build, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "oracle", "study")
 
@@ -57,11 +57,12 @@ def study(cfg):
     summary = {"truth": truth, "variance_R": variance_r, "variance_R_from": variance_source, "slope": fit.slope,
                "theory_slope": -0.5, "paper_slope": -0.493, "reps": s.reps}
     print(f"exact-logit MAE slope {fit.slope:.3f} (theory -0.500, paper -0.493); Var(R) = {variance_r:.4f}")
-    return StudyResult(summary, rows, {"convergence": plot(rows, fit)})
+    words = sum(random_words(pi, oracle, estimator.sizes(size), s.reps) for size in s.sizes)
+    return StudyResult(summary, rows, {"convergence": partial(plot, rows, fit)}, words)
 
 
 def plot(rows, fit):
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = subplots(figsize=(5, 4))
     N = np.array([r["N"] for r in rows], float)
     ax.loglog(N, [r["mae"] for r in rows], "o-", label=f"empirical MAE (slope {fit.slope:.3f})")
     ax.loglog(N, [r["gaussian_reference"] for r in rows], "k--", label=r"$\sqrt{2/\pi}\,\sqrt{\mathrm{Var}(R)/N}$")

@@ -8,15 +8,16 @@ Writes the truth, the estimate, its (1 - delta) normal interval, the query count
 per-level diagnostics (results.json / results.csv) and a plot of the estimate against the truth.
 """
 
+from functools import partial
+
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 
 from tvjax.api import confidence_interval
 from tvjax.instances import exact_tv
 
-from studykit import StudyResult, build, build_pair, run_study
+from studykit import StudyResult, build, build_pair, run_study, subplots
 
 READS = ("seed", "delta", "instance", "oracle", "estimator")
 
@@ -46,11 +47,11 @@ def study(cfg):
     ]
     print(f"TV = {truth:.4f}; estimate {summary['value']:.4f} [{summary['ci_low']:.4f}, {summary['ci_high']:.4f}] "
           f"with {summary['queries']:.3g} queries")
-    return StudyResult(summary, rows, {"estimate": plot_estimate(summary, cfg.delta)})
+    return StudyResult(summary, rows, {"estimate": partial(plot_estimate, summary, cfg.delta)})
 
 
 def plot_estimate(summary, delta):
-    fig, ax = plt.subplots(figsize=(4, 3.5))
+    fig, ax = subplots(figsize=(4, 3.5))
     value = summary["value"]
     ax.errorbar([0], [value], yerr=[[value - summary["ci_low"]], [summary["ci_high"] - value]], fmt="o", capsize=4,
                 label=f"{summary['estimator']} ({1 - delta:.0%} CI)")

@@ -15,10 +15,10 @@ the exact TV by enumeration.
 """
 
 import time
+from functools import partial
 
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -29,7 +29,7 @@ from tvjax.instances import enumerate_tv
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Samples, Schedule, as_runtime
 
-from studykit import ConfigError, StudyResult, build_pair, run_study
+from studykit import ConfigError, StudyResult, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "delta", "instance", "study")
 ARMS = ("exact", "noisy", "sample-only")
@@ -113,13 +113,13 @@ def study(cfg):
                "noisy_sigma": s.noisy_sigma, "schedule": OmegaConf.to_container(s.schedule), "delta": cfg.delta,
                "tv_at_largest_n": {r["variant"]: r["value"] for r in rows
                                    if r["estimator"] == "exact" and r["n"] == max(s.sizes)}}
-    return StudyResult(summary, rows, {"model_variants": plot(rows, cfg.delta)})
+    return StudyResult(summary, rows, {"model_variants": partial(plot, rows, cfg.delta)})
 
 
 def plot(rows, delta):
     """Left: Algorithm 1's TV against n per variant (log x), with intervals (and the exact TV as x
     where it is known). Right: the three access models on the same pairs at the smallest n."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, (left, right) = subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
     labels = list(dict.fromkeys(r["variant"] for r in rows))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     # error bars of the interval; a multilevel value may lie outside its (clipped) interval

@@ -10,11 +10,11 @@ Every schedule is padded to the deepest one's length, so the study compiles one 
 """
 
 import functools
+from functools import partial
 
 import hydra
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
@@ -23,10 +23,10 @@ from tvjax.currency import mixture_z
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.schedules import Schedule, as_runtime, pad_schedule
-from tvjax.studies import errors, replicate
+from tvjax.schedules import Samples, Schedule, as_runtime, pad_schedule
+from tvjax.studies import errors, random_words, replicate
 
-from studykit import StudyResult, build_pair, run_study
+from studykit import StudyResult, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
@@ -68,6 +68,11 @@ def study(cfg):
     repeats = tuple(s.repeats)
     key_ratio, key_mae = jax.random.split(jax.random.key(cfg.seed))
     rows, rho = [], {}
+    # The diagnostic draws every level's sum on one set of trajectories: a one-sided estimate's
+    # words (sample and first sums, per side) plus L - 1 more sums per drawn cell.
+    one_sided = random_words(pi, Noisy(0.0), Samples(s.ratio_trajectories), 2)
+    cells = 2 * 2 * s.ratio_trajectories * len(getattr(pi, "stochastic_positions", range(pi.n)))
+    words = len(s.sigmas) * (one_sided + cells * (len(repeats) - 1))
     for sigma, key in zip(s.sigmas, jax.random.split(key_ratio, len(s.sigmas))):
         rho[sigma] = variance_ratios(nested_z(key, pi, mu, Noisy(sigma), repeats, s.ratio_trajectories))
         rows += [{"kind": "rho", "sigma": sigma, "level": l + 1, "r_coarse": repeats[l], "r_fine": repeats[l + 1], "rho": v}
@@ -85,18 +90,19 @@ def study(cfg):
         for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
             est = replicate(multilevel.fn, sigma_key, s.reps, pi, mu, Noisy(sigma), sizes,
                             fast_compile=cfg.fast_compile)
+            words += random_words(pi, Noisy(sigma), schedule, s.reps)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
                          "mae": mae, "rmse": rmse, "bias": bias, "reps": s.reps,
                          "num_samples": list(schedule.num_samples), "repeats": list(schedule.repeats)})
     summary = {"truth": truth, "rho": {str(k): v.tolist() for k, v in rho.items()}, "repeats": list(repeats),
                "reps": s.reps}
-    figures = {"mae_vs_budget": plot_mae(rows, s.sigmas, truth), "variance_ratios": plot_rho(rho, repeats)}
-    return StudyResult(summary, rows, figures)
+    figures = {"mae_vs_budget": partial(plot_mae, rows, s.sigmas, truth), "variance_ratios": partial(plot_rho, rho, repeats)}
+    return StudyResult(summary, rows, figures, words)
 
 
 def plot_mae(rows, sigmas, truth):
-    fig, axes = plt.subplots(1, len(sigmas), figsize=(4.5 * len(sigmas), 4), squeeze=False)
+    fig, axes = subplots(1, len(sigmas), figsize=(4.5 * len(sigmas), 4), squeeze=False)
     for ax, sigma in zip(axes[0], sigmas):
         mine = [r for r in rows if r["kind"] == "mae" and r["sigma"] == sigma]
         for label in dict.fromkeys(r["method"] for r in mine):
@@ -110,7 +116,7 @@ def plot_mae(rows, sigmas, truth):
 
 
 def plot_rho(rho, repeats):
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = subplots(figsize=(5, 4))
     labels = [f"{a}->{b}" for a, b in zip(repeats, repeats[1:])]
     width = 0.8 / len(rho)
     for i, (sigma, values) in enumerate(rho.items()):

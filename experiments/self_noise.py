@@ -8,9 +8,10 @@ each side behind an independent noisy oracle (true TV 0: the estimate is pure no
 """
 
 
+from functools import partial
+
 import hydra
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from tqdm import tqdm
 
@@ -19,7 +20,7 @@ from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
 from tvjax.studies import errors, replicate
 
-from studykit import StudyResult, build_pair, run_study
+from studykit import StudyResult, build_pair, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
@@ -44,11 +45,11 @@ def study(cfg):
     top = max(s.repeats)
     summary = {f"{row['pair']} sigma={row['sigma']} at r={top}": row["mean"] for row in rows if row["r"] == top}
     summary["truth_different"] = pairs["different (pi vs mu)"][2]
-    return StudyResult(summary, rows, {"self_noise": plot(rows, s.sigmas, pairs)})
+    return StudyResult(summary, rows, {"self_noise": partial(plot, rows, s.sigmas, pairs)})
 
 
 def plot(rows, sigmas, pairs):
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = subplots(figsize=(6, 4.5))
     for sigma in sigmas:
         for label in pairs:
             pts = sorted((r["r"], r["mean"], r["std"]) for r in rows if r["pair"] == label and r["sigma"] == sigma)

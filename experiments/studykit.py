@@ -10,18 +10,20 @@ job's output folder. The numerical helpers (repetitions, errors, fits) are `tvja
 
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -30,6 +32,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tvjax.jsonable import to_jsonable
+from tvjax.programs import enable_compilation_cache
+from tvjax.studies import random_floor_seconds
 
 # Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
 # task there, which imports this module by name: export this folder to them.
@@ -37,16 +41,46 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, os.environ.get("PYTHONPATH")) if p)
 
+def process_age():
+    """Seconds since this process started (Linux /proc; time.process_time's clock is CPU time)."""
+    with open("/proc/self/stat") as stat:
+        started = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        return float(uptime.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+
+
+# JAX reports how long it traces, lowers and compiles each program; the studies' seconds are
+# broken down with these running totals.
+COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "tracing",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+    "/jax/core/compile/backend_compile_duration": "compiling",
+}
+_compile_seconds = collections.Counter()
+
+
+def _on_duration(event, duration, **_):
+    if event in COMPILE_EVENTS:
+        _compile_seconds[COMPILE_EVENTS[event]] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+_IMPORTED_AT = process_age()  # the apps import studykit last: about the end of their imports
+
 DONE_MARKER = "done.json"
 VERSIONED_PACKAGES = ("tvjax", "jax", "jaxlib", "numpy", "hydra-core", "omegaconf", "matplotlib")
 
 
 class StudyResult(NamedTuple):
-    """What a study returns: a JSON summary, CSV rows (one dict per row) and named figures."""
+    """What a study returns: a JSON summary, CSV rows (one dict per row), named figures as
+    functions that draw them (called after the study, so their time is counted apart and
+    matplotlib loads only when a figure is drawn), and the random 32-bit words the study's
+    estimates need at the least (`tvjax.studies.random_words`), for its floor."""
 
     summary: dict
     rows: list
     figures: dict
+    random_words: int = 0
 
 
 class ConfigError(ValueError):
@@ -131,12 +165,29 @@ def write_csv(path, rows):
         writer.writerows(to_jsonable(rows, nonfinite_as_string=True))
 
 
+def subplots(nrows=1, ncols=1, *, figsize=None, **kwargs):
+    """(figure, axes) like pyplot.subplots, without pyplot (its import and global state): a
+    matplotlib Figure that savefig renders with Agg."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def preload_matplotlib():
+    """Import matplotlib in a thread while the study runs: its import (a good part of a short
+    study's seconds) then overlaps the compiles and runs, which release the GIL."""
+    thread = threading.Thread(target=importlib.import_module, args=("matplotlib.figure",), daemon=True)
+    thread.start()
+    return thread
+
+
 def save_figures(out_dir, figures):
+    """Draw each figure (name -> function returning a Figure) into out_dir/name.png."""
     paths = []
-    for name, fig in figures.items():
+    for name, draw in figures.items():
         path = Path(out_dir) / f"{name}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
+        draw().savefig(path, dpi=120, bbox_inches="tight")
         paths.append(path.name)
     return paths
 
@@ -155,20 +206,38 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
         print(f"[skip] {out_dir} is complete for config {digest}")
         return json.loads((out_dir / "results.json").read_text())
     (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(view))
+    cache = enable_compilation_cache(cfg.get("compilation_cache"))
+    plots = cfg.get("plots", True)
+    if plots:
+        preload_matplotlib()
+    entered, compiled_before = process_age(), dict(_compile_seconds)
     start = time.perf_counter()
     result = study(view)
     wall = time.perf_counter() - start
+    seconds = {"startup_and_imports": _IMPORTED_AT, "hydra_composition": entered - _IMPORTED_AT}
+    seconds.update({phase: _compile_seconds[phase] - compiled_before.get(phase, 0.0) for phase in COMPILE_EVENTS.values()})
+    seconds["runs"] = wall - sum(seconds[phase] for phase in COMPILE_EVENTS.values())
+    started = time.perf_counter()
+    figures = save_figures(out_dir, result.figures) if plots else []
+    seconds["figures"] = time.perf_counter() - started
     record = {
         "study": view.study.name if "study" in view else "estimate",
         "seed": cfg.seed,
         "smoke": bool(cfg.get("smoke", False)),
         "wall_seconds": wall,
+        "seconds": seconds,
+        "random_words": result.random_words,
+        "compilation_cache": str(cache) if cache else None,
         "versions": package_versions(),
         "results": result.summary,
+        "figures": figures,
     }
-    (out_dir / "results.json").write_text(json.dumps(to_jsonable(record, nonfinite_as_string=True), indent=2))
+    if cfg.get("measure_floor", False) and result.random_words:
+        record["random_floor_seconds"] = random_floor_seconds(result.random_words)
+    started = time.perf_counter()
     write_csv(out_dir / "results.csv", result.rows)
-    record["figures"] = save_figures(out_dir, result.figures)
+    seconds["writing"] = time.perf_counter() - started  # the CSV; results.json is a few kB
+    (out_dir / "results.json").write_text(json.dumps(to_jsonable(record, nonfinite_as_string=True), indent=2))
     (out_dir / DONE_MARKER).write_text(json.dumps({"config_digest": digest, "wall_seconds": wall}))
     print(f"[done] {record['study']} in {wall:.1f} s -> {out_dir}")
     return record
@@ -189,7 +258,7 @@ def collect_sweep(sweep_dir):
 
 def plot_sweep(rows):
     """Estimate with its interval per job, against the true TV (estimate-app sweeps)."""
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 4))
+    fig, ax = subplots(figsize=(max(5, 0.9 * len(rows) + 2), 4))
     x = np.arange(len(rows))
     value = np.array([row["value"] for row in rows])
     low = np.array([row["ci_low"] for row in rows])
@@ -214,5 +283,5 @@ class SweepSummary(Callback):
             return
         write_csv(sweep_dir / "sweep_summary.csv", rows)
         if all({"value", "ci_low", "ci_high", "truth"} <= set(row) for row in rows):
-            save_figures(sweep_dir, {"sweep_summary": plot_sweep(rows)})
+            save_figures(sweep_dir, {"sweep_summary": lambda: plot_sweep(rows)})
         print(f"[sweep] {len(rows)} jobs summarized in {sweep_dir / 'sweep_summary.csv'}")

@@ -8,6 +8,7 @@ import jax
 
 from tvjax.api import estimate_tv
 from tvjax.instances import exact_tv, paper_block_pair
+from tvjax.programs import enable_compilation_cache
 
 ACCESS_ROWS = (("exact", "exact logits"), ("noisy", "noisy logits, sigma={sigma}"), ("sampler", "sample-only"))
 
@@ -69,7 +70,11 @@ def main(argv=None):
     parser.add_argument("--eps", type=_number(0.0, 1.0), default=0.05, help="target accuracy, in (0, 1)")
     parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.1, help="failure probability, in (0, 1)")
     parser.add_argument("--sigma", type=_number(0.0), default=0.1, help="relative noise of the noisy oracle, >= 0")
+    parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off",
+                        help="JAX's persistent compilation cache (default: $TVJAX_COMPILATION_CACHE, else "
+                             "~/.cache/tvjax/jax-compilation); off to opt out")
     args = parser.parse_args(argv)
+    enable_compilation_cache(args.compilation_cache)
     run(args.seed, args.eps, args.delta, args.sigma, emit=lambda line: print(line, flush=True))
 
 

@@ -60,6 +60,11 @@ class BlockProcess:
     max_support: int = 2
 
     @property
+    def random_words_per_sample(self):
+        """32-bit words `sample` draws per trajectory (see `_draw`)."""
+        return 1 if 32 - self.block_bits >= 20 else 2
+
+    @property
     def stochastic_positions(self):
         """The block bits and the final bit; on the hidden path every conditional is 0 or 1."""
         return tuple(range(self.block_bits)) + (self.n - 1,)

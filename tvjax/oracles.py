@@ -75,14 +75,16 @@ class _Oracle:
     for."""
 
     floor = 0.0
+    draws = True  # whether scoring draws random numbers (exact logits do not)
     # Rows per chunk when an estimator's sizes are traced: padding wastes at most one chunk per
     # side, and each loop step costs tens of microseconds, so cheap rows want longer chunks.
     traced_chunk_rows = 256
 
-    @staticmethod
-    def row_size(process):
-        """Floats held per trajectory while drawing (sizes the estimators' chunks)."""
-        return process.n
+    def row_size(self, process):
+        """Floats held per trajectory while drawing (sizes the estimators' chunks): a drawn
+        position's, or the whole path's when the trajectory comes as tokens."""
+        compact = hasattr(process, "realized_sampler") and not self.needs_tokens
+        return len(_positions(process)) if compact else process.n
 
     def _path(self, total, repeats):
         # total [..., positions, num]: the path's log r-average, summed over positions.
@@ -162,6 +164,9 @@ class Exact(_Oracle):
     """Exact prefix logits: every repeat returns the true probability."""
 
     floor: float = 0.0
+    draws = False
+    # Exact rows are cheap (on the block instance one random word each): long chunks amortize
+    # the loop's per-step cost.
     traced_chunk_rows = 16384
 
     def nested_path_logprobs(self, key, models, trajectories, repeats):
@@ -270,8 +275,7 @@ class LogitNoise(_Oracle):
         # Lemma 5, to first order: the logit noise scale acts as the relative noise level.
         return float(self.scale)
 
-    @staticmethod
-    def row_size(process):
+    def row_size(self, process):
         return process.n * process.vocab_size
 
     needs_tokens = True

@@ -166,10 +166,16 @@ def paper_schedule(eps, sigma, n, c=1.0, budget_constant=1.0):
     return Schedule(tuple(counts), tuple(repeats))
 
 
-def equal_share_schedule(budget, n, repeats):
-    """Level sizes (per side) giving each level of `repeats` an equal share of `budget` queries."""
+def equal_share_schedule(budget, n, repeats, nearest=False):
+    """Level sizes (per side) giving each level of `repeats` an equal share of `budget` queries:
+    N_l proportional to 1 / (1 + 2 r_l). Rounded down (never over budget), or with nearest=True
+    to the nearest integer and at least 1, as the paper's B.11 runner allocates its levels."""
     share = budget / len(repeats)
-    return Schedule(tuple(cost.symmetric_pairs_for_budget(share, n, r) for r in repeats), tuple(repeats))
+    if nearest:
+        counts = tuple(max(1, round(share / cost.symmetric_queries(1, n, r))) for r in repeats)
+    else:
+        counts = tuple(cost.symmetric_pairs_for_budget(share, n, r) for r in repeats)
+    return Schedule(counts, tuple(repeats))
 
 
 def groups_for_confidence(delta):

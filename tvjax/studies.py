@@ -8,12 +8,16 @@
 
 import functools
 import math
+import time
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from tvjax.cost import SCORING_MODELS
 from tvjax.programs import jit_program
+from tvjax.schedules import Samples, Schedule
 
 
 class Fit(NamedTuple):
@@ -53,3 +57,38 @@ def loglog_fit(x, y):
         return Fit(math.nan, math.nan, int(keep.sum()))
     slope, intercept = np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)
     return Fit(float(slope), float(intercept), int(keep.sum()))
+
+
+# --------------------------------------------------------------------------- the random-number floor
+
+
+def random_words(pi, oracle, sizes, copies=1):
+    """The random 32-bit words `copies` estimates at `sizes` need at the least: each trajectory's
+    sample (`pi.random_words_per_sample`, else one word per position) and, for an oracle that
+    draws (`oracle.draws`), one word per drawn sum: per model and drawn position, one for a
+    level's first increment and one more for a coupled level's second."""
+    if isinstance(sizes, Schedule):
+        per_side, sides = np.asarray(sizes.num_samples, np.float64), 2
+        sums = np.where(np.arange(per_side.shape[-1]) > 0, 2, 1)
+    else:
+        per_side = np.asarray(sizes.num if isinstance(sizes, Samples) else sizes.num_per_side, np.float64)
+        sides, sums = (1 if isinstance(sizes, Samples) else 2), 1
+    positions = len(getattr(pi, "stochastic_positions", range(pi.n)))
+    drawn = SCORING_MODELS * positions * sums if oracle.draws else 0
+    return int(np.sum(sides * per_side * copies * (getattr(pi, "random_words_per_sample", pi.n) + drawn)))
+
+
+def random_floor_seconds(words, chunk=2**16):
+    """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
+    as the estimators draw them, compile excluded: the floor under a study's runs."""
+    steps = max(1, -(-int(words) // chunk))
+
+    @jax.jit
+    def draw(key, steps):
+        body = lambda i, acc: acc ^ jnp.max(jax.random.bits(jax.random.fold_in(key, i), (chunk,), jnp.uint32))
+        return jax.lax.fori_loop(0, steps, body, jnp.uint32(0))
+
+    jax.block_until_ready(draw(jax.random.key(0), 1))
+    start = time.perf_counter()
+    jax.block_until_ready(draw(jax.random.key(1), steps))
+    return time.perf_counter() - start

@@ -1,0 +1,58 @@
+"""JAX's persistent compilation cache as tvjax turns it on: a second process reuses a program, a
+changed program misses, the opt-out writes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = """
+import json, sys
+import jax, jax.numpy as jnp
+from tvjax.programs import enable_compilation_cache
+events = {"hits": 0, "misses": 0}
+names = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+def count(event, **_):
+    if event in names:
+        events[names[event]] += 1
+jax.monitoring.register_event_listener(count)
+folder = enable_compilation_cache(sys.argv[2])
+scale = float(sys.argv[1])
+value = jax.jit(lambda x: jnp.sum(jnp.sin(x) * scale))(jnp.arange(8.0))
+print(json.dumps({"folder": str(folder) if folder else None, "value": float(value), **events}))
+"""
+
+
+def probe(scale, cache):
+    env = {key: value for key, value in os.environ.items() if key not in ("TVJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(scale), str(cache)], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=env, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def entries(folder):
+    return sorted(p.name for p in Path(folder).rglob("*-cache"))
+
+
+def test_second_process_reuses_and_a_changed_program_misses(tmp_path):
+    first = probe(2.0, tmp_path)
+    assert first["misses"] >= 1 and first["hits"] == 0
+    folder = Path(first["folder"])
+    assert folder.parent == tmp_path and folder.name.startswith("jax-")  # one subfolder per jax/jaxlib version
+    written = entries(folder)
+    assert written
+    second = probe(2.0, tmp_path)
+    assert second["hits"] >= 1 and second["misses"] == 0 and second["value"] == first["value"]
+    assert entries(folder) == written
+    changed = probe(3.0, tmp_path)  # another constant: another program, so another key
+    assert changed["misses"] >= 1 and changed["value"] == pytest.approx(1.5 * first["value"])
+    assert len(entries(folder)) > len(written)
+
+
+def test_opting_out_writes_nothing(tmp_path):
+    result = probe(2.0, "off")
+    assert result["folder"] is None and result["hits"] == result["misses"] == 0
