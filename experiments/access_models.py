@@ -12,7 +12,6 @@ actually spent.
 from functools import partial
 
 import hydra
-import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -21,7 +20,7 @@ from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import as_runtime, equal_share_schedule
-from tvjax.studies import errors, random_words, replicate
+from tvjax.studies import errors, job_key, random_words, replicate
 
 from studykit import StudyResult, build_pair, run_study, subplots
 
@@ -68,9 +67,8 @@ def study(cfg):
     truth = exact_tv(pi, mu)
     jobs = [(label, oracle, fn, sizes) for label, oracle, points in arms(s, pi.n) for fn, sizes in points]
     rows, words = [], 0
-    keys = jax.random.split(jax.random.key(cfg.seed), len(jobs))
-    for (label, oracle, fn, sizes), key in zip(tqdm(jobs, desc="access models"), keys):
-        est = replicate(fn, key, s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
+    for job, (label, oracle, fn, sizes) in enumerate(tqdm(jobs, desc="access models")):
+        est = replicate(fn, job_key(cfg.seed, job), s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
         words += random_words(pi, oracle, sizes, s.reps)
         mae, rmse, bias = errors(est.value, truth)
         rows.append({"arm": label, "sizes": [np.asarray(part).tolist() for part in sizes], "queries": float(est.queries[0]),

@@ -15,7 +15,6 @@ from functools import partial
 from typing import Callable, NamedTuple
 
 import hydra
-import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -23,7 +22,7 @@ from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Level, Samples, as_runtime, paper_schedule
-from tvjax.studies import errors, loglog_fit, replicate
+from tvjax.studies import errors, job_key, loglog_fit, replicate
 
 from studykit import ConfigError, StudyResult, build_pair, run_study, subplots
 
@@ -110,8 +109,8 @@ def study(cfg):
     arms = lambda access, axis: (PAPER[access],) + (BASELINES[access] if axis in s.baseline_axes else ())
     jobs = [(access, axis, value, p, arm) for access, axis, value, p in grid_points(s) for arm in arms(access, axis)]
     rows = []
-    keys = jax.random.split(jax.random.key(cfg.seed), len(jobs))
-    for (access, axis, value, p, arm), key in zip(tqdm(jobs, desc="bounds"), keys):
+    for job, (access, axis, value, p, arm) in enumerate(tqdm(jobs, desc="bounds")):
+        key = job_key(cfg.seed, job)
         pi, mu = instance_at(cfg.instance, p)
         truth = exact_tv(pi, mu)
         fn, sizes, oracle = estimator_at(access, arm, p, pi, mu, s.pilot_scale)

@@ -11,14 +11,13 @@ import math
 from functools import partial
 
 import hydra
-import jax
 import numpy as np
 from tqdm import tqdm
 
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv, likelihood_ratio_moments
 from tvjax.oracles import Exact
-from tvjax.studies import errors, loglog_fit, random_words, replicate
+from tvjax.studies import errors, job_key, loglog_fit, random_words, replicate
 
 from studykit import StudyResult, build, build_pair, run_study, subplots
 
@@ -43,10 +42,10 @@ def study(cfg):
     oracle = build(cfg.oracle)
     truth = exact_tv(pi, mu)
     estimator = lookup("likelihood_ratio")
-    key_var, key_mae = jax.random.split(jax.random.key(cfg.seed))
-    variance_r, variance_source = ratio_variance(key_var, pi, mu, oracle, estimator, s.variance_samples)
+    variance_r, variance_source = ratio_variance(job_key(cfg.seed, 0), pi, mu, oracle, estimator, s.variance_samples)
     rows = []
-    for size, key in zip(tqdm(s.sizes, desc="convergence N"), jax.random.split(key_mae, len(s.sizes))):
+    for index, size in enumerate(tqdm(s.sizes, desc="convergence N")):
+        key = job_key(cfg.seed, 1, index)
         # Sizes as runtime arguments: every N runs in one compiled program.
         est = replicate(estimator.fn, key, s.reps, pi, mu, oracle, estimator.sizes(np.int32(size)),
                         fast_compile=cfg.fast_compile)

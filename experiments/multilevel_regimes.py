@@ -24,7 +24,7 @@ from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
 from tvjax.schedules import Samples, Schedule, as_runtime, pad_schedule
-from tvjax.studies import errors, random_words, replicate
+from tvjax.studies import errors, job_key, random_words, replicate
 
 from studykit import StudyResult, build_pair, run_study, subplots
 
@@ -33,13 +33,12 @@ READS = ("seed", "fast_compile", "instance", "study")
 
 @functools.partial(jax.jit, static_argnames=("repeats", "num"))
 def nested_z(key, pi, mu, oracle, repeats, num):
-    """Z_{r_l}(X) for every level l on the same X with nested draws: [2 num, L], num from each side."""
-    rows = []
-    for side_key, side in zip(jax.random.split(key), (pi, mu)):
-        k_sample, k_score = jax.random.split(side_key)
-        paths = oracle.trajectory_sampler(side, (pi, mu))(k_sample, num)
-        rows.append(mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, repeats)))
-    return jnp.concatenate(rows)
+    """Z_{r_l}(X) for every level l on the same X with nested draws: [2 num, L], num from each side
+    (both sides' trajectories drawn through one call, one program to compile)."""
+    k_pi, k_mu, k_score = jax.random.split(key, 3)
+    sides = [oracle.trajectory_sampler(side, (pi, mu))(k, num) for side, k in ((pi, k_pi), (mu, k_mu))]
+    paths = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *sides)
+    return mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, repeats))
 
 
 def variance_ratios(z):
@@ -66,15 +65,14 @@ def study(cfg):
     pi, mu = build_pair(cfg.instance)
     truth = exact_tv(pi, mu)
     repeats = tuple(s.repeats)
-    key_ratio, key_mae = jax.random.split(jax.random.key(cfg.seed))
     rows, rho = [], {}
     # The diagnostic draws every level's sum on one set of trajectories: a one-sided estimate's
     # words (sample and first sums, per side) plus L - 1 more sums per drawn cell.
     one_sided = random_words(pi, Noisy(0.0), Samples(s.ratio_trajectories), 2)
     cells = 2 * 2 * s.ratio_trajectories * len(getattr(pi, "stochastic_positions", range(pi.n)))
     words = len(s.sigmas) * (one_sided + cells * (len(repeats) - 1))
-    for sigma, key in zip(s.sigmas, jax.random.split(key_ratio, len(s.sigmas))):
-        rho[sigma] = variance_ratios(nested_z(key, pi, mu, Noisy(sigma), repeats, s.ratio_trajectories))
+    for index, sigma in enumerate(s.sigmas):
+        rho[sigma] = variance_ratios(nested_z(job_key(cfg.seed, 0, index), pi, mu, Noisy(sigma), repeats, s.ratio_trajectories))
         rows += [{"kind": "rho", "sigma": sigma, "level": l + 1, "r_coarse": repeats[l], "r_fine": repeats[l + 1], "rho": v}
                  for l, v in enumerate(rho[sigma])]
         print(f"sigma={sigma}: rho = {np.round(rho[sigma], 4).tolist()}")
@@ -83,12 +81,11 @@ def study(cfg):
         schedules = depth_schedules(repeats, s.base_sizes, scale)
         jobs += [(f"{d} level{'s' * (d > 1)}", scale, sched) for d, sched in schedules.items()]
         jobs.append((f"single r={repeats[-1]} at 2-level budget", scale, matched_single_level(schedules[2], pi.n, repeats[-1])))
-    keys = jax.random.split(key_mae, len(jobs))
-    for (label, scale, schedule), key in zip(tqdm(jobs, desc="multilevel schedules"), keys):
+    for job, (label, scale, schedule) in enumerate(tqdm(jobs, desc="multilevel schedules")):
         # Padded to the deepest schedule: every job runs in one compiled program.
         sizes = as_runtime(pad_schedule(schedule, len(repeats)))
-        for sigma, sigma_key in zip(s.sigmas, jax.random.split(key, len(s.sigmas))):
-            est = replicate(multilevel.fn, sigma_key, s.reps, pi, mu, Noisy(sigma), sizes,
+        for index, sigma in enumerate(s.sigmas):
+            est = replicate(multilevel.fn, job_key(cfg.seed, 1, job, index), s.reps, pi, mu, Noisy(sigma), sizes,
                             fast_compile=cfg.fast_compile)
             words += random_words(pi, Noisy(sigma), schedule, s.reps)
             mae, rmse, bias = errors(est.value, truth)

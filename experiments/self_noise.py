@@ -8,17 +8,17 @@ each side behind an independent noisy oracle (true TV 0: the estimate is pure no
 """
 
 
+import itertools
 from functools import partial
 
 import hydra
-import jax
 import numpy as np
 from tqdm import tqdm
 
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.studies import errors, replicate
+from tvjax.studies import errors, job_key, replicate
 
 from studykit import StudyResult, build_pair, run_study, subplots
 
@@ -31,17 +31,14 @@ def study(cfg):
     pi, mu = build_pair(cfg.instance)
     pairs = {"identical (pi vs pi)": (pi, pi, 0.0), "different (pi vs mu)": (pi, mu, exact_tv(pi, mu))}
     rows = []
-    keys = jax.random.split(jax.random.key(cfg.seed), len(s.repeats))
-    for r, key in zip(tqdm(s.repeats, desc="self-noise r"), keys):
-        subkeys = iter(jax.random.split(key, len(s.sigmas) * len(pairs)))
-        for sigma in s.sigmas:
-            for label, (a, b, truth) in pairs.items():
-                sizes = plugin.sizes(np.int32(s.num_per_side), np.int32(r))
-                values = replicate(plugin.fn, next(subkeys), s.reps, a, b, Noisy(sigma), sizes,
-                                   fast_compile=cfg.fast_compile).value
-                _, rmse, bias = errors(values, truth)
-                rows.append({"pair": label, "sigma": sigma, "r": r, "truth": truth, "mean": float(np.mean(values)),
-                             "std": float(np.std(values, ddof=1)), "bias": bias, "rmse": rmse, "reps": s.reps})
+    for index, r in enumerate(tqdm(s.repeats, desc="self-noise r")):
+        for job, (sigma, (label, (a, b, truth))) in enumerate(itertools.product(s.sigmas, pairs.items())):
+            sizes = plugin.sizes(np.int32(s.num_per_side), np.int32(r))
+            values = replicate(plugin.fn, job_key(cfg.seed, index, job), s.reps, a, b, Noisy(sigma), sizes,
+                               fast_compile=cfg.fast_compile).value
+            _, rmse, bias = errors(values, truth)
+            rows.append({"pair": label, "sigma": sigma, "r": r, "truth": truth, "mean": float(np.mean(values)),
+                         "std": float(np.std(values, ddof=1)), "bias": bias, "rmse": rmse, "reps": s.reps})
     top = max(s.repeats)
     summary = {f"{row['pair']} sigma={row['sigma']} at r={top}": row["mean"] for row in rows if row["r"] == top}
     summary["truth_different"] = pairs["different (pi vs mu)"][2]

@@ -43,6 +43,16 @@ def _replicated(fn, copies, fast_compile):
     return jit_program(lambda key, pi, mu, oracle, sizes: fn(key, pi, mu, oracle, sizes, copies=copies), fast_compile)
 
 
+def job_key(seed, *indices):
+    """The PRNG key of one job of a study: the job's indices folded into key(seed). Every job's
+    key comes from one compiled program (fold_in) however many jobs there are; splitting into k
+    keys and iterating over them compiles two programs for each k."""
+    key = jax.random.key(seed)
+    for index in indices:
+        key = jax.random.fold_in(key, index)
+    return key
+
+
 def errors(values, truth):
     """(mean absolute error, root mean squared error, bias) of repeated estimates."""
     deviation = np.asarray(values, np.float64) - truth
