@@ -129,10 +129,18 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
     def summand(k, side, level, size):
         k_sample, k_score = jax.random.split(k)
         paths = jax.lax.cond(side == 0, lambda k: draws[0](k, size), lambda k: draws[1](k, size), k_sample)
-        # Rows of one chunk may belong to different levels: per-row repeat counts.
-        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (coarse[level, None], fine[level, None]))
-        z = mixture_z(log_pi, log_mu)
-        return z[:, 1] - jnp.where(level > 0, z[:, 0], 0.0)
+
+        def first_level():  # Y_0 = Z_{r_0}: one drawn sum per cell
+            return mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, (fine[level, None],)))[:, 0]
+
+        def coupled():  # rows of one chunk may belong to different levels: per-row repeat counts
+            log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (coarse[level, None], fine[level, None]))
+            z = mixture_z(log_pi, log_mu)
+            return z[:, 1] - jnp.where(level > 0, z[:, 0], 0.0)
+
+        # Most chunks hold first-level rows only (the coarsest level has most trajectories):
+        # those skip the coarse sums, which the coupled form would draw and multiply by 0.
+        return jax.lax.cond(jnp.all(level == 0), first_level, coupled)
 
     m = level_moments(key, summand, jnp.stack([counts, counts]), chunk)
     queries = cost.symmetric_queries(jnp.asarray(counts, jnp.float32), pi.n, jnp.asarray(repeats, jnp.float32))
