@@ -22,7 +22,7 @@ from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import as_runtime, equal_share_schedule
 from tvjax.studies import errors, job_key, random_words, replicate
 
-from studykit import StudyResult, build_pair, run_study, subplots
+from studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
@@ -96,3 +96,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

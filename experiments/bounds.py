@@ -24,7 +24,7 @@ from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Level, Samples, as_runtime, paper_schedule
 from tvjax.studies import errors, job_key, loglog_fit, replicate
 
-from studykit import ConfigError, StudyResult, build_pair, run_study, subplots
+from studykit import ConfigError, StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 ORACLES = {"exact": lambda p: Exact(), "noisy": lambda p: Noisy(p.sigma), "sampler": lambda p: Sampler()}
@@ -174,3 +174,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

@@ -19,7 +19,7 @@ from tvjax.instances import exact_tv, likelihood_ratio_moments
 from tvjax.oracles import Exact
 from tvjax.studies import errors, job_key, loglog_fit, random_words, replicate
 
-from studykit import StudyResult, build, build_pair, run_study, subplots
+from studykit import StudyResult, build, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "oracle", "study")
 
@@ -79,3 +79,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

@@ -17,7 +17,7 @@ import numpy as np
 from tvjax.api import confidence_interval
 from tvjax.instances import exact_tv
 
-from studykit import StudyResult, build, build_pair, run_study, subplots
+from studykit import StudyResult, build, build_pair, finish, run_study, subplots
 
 READS = ("seed", "delta", "instance", "oracle", "estimator")
 
@@ -70,3 +70,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

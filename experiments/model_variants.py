@@ -29,7 +29,7 @@ from tvjax.instances import enumerate_tv
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Samples, Schedule, as_runtime
 
-from studykit import ConfigError, StudyResult, build_pair, run_study, subplots
+from studykit import ConfigError, StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "delta", "instance", "study")
 ARMS = ("exact", "noisy", "sample-only")
@@ -165,3 +165,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

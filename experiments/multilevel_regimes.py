@@ -26,7 +26,7 @@ from tvjax.oracles import Noisy
 from tvjax.schedules import Samples, Schedule, as_runtime, pad_schedule
 from tvjax.studies import errors, job_key, random_words, replicate
 
-from studykit import StudyResult, build_pair, run_study, subplots
+from studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
@@ -133,3 +133,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

@@ -20,7 +20,7 @@ from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
 from tvjax.studies import errors, job_key, replicate
 
-from studykit import StudyResult, build_pair, run_study, subplots
+from studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 
@@ -69,3 +69,4 @@ def main(cfg):
 
 if __name__ == "__main__":
     main()
+    finish()  # results written: skip Python's teardown

@@ -16,8 +16,10 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
+import sys
 import threading
 import time
 from pathlib import Path
@@ -187,7 +189,7 @@ def save_figures(out_dir, figures):
     paths = []
     for name, draw in figures.items():
         path = Path(out_dir) / f"{name}.png"
-        draw().savefig(path, dpi=120, bbox_inches="tight")
+        draw().savefig(path, dpi=100, bbox_inches="tight")
         paths.append(path.name)
     return paths
 
@@ -241,6 +243,16 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     (out_dir / DONE_MARKER).write_text(json.dumps({"config_digest": digest, "wall_seconds": wall}))
     print(f"[done] {record['study']} in {wall:.1f} s -> {out_dir}")
     return record
+
+
+def finish():
+    """End an app's process once its main has returned: every result is written and closed, stdio
+    is flushed and logging shut down; then exit without Python's teardown of JAX's backends, thread
+    pools and modules (about half a second, a tenth of a short study, and nothing of ours)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --------------------------------------------------------------------------- multirun summary

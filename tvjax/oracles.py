@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tvjax.binomial import binomial
 from tvjax.currency import LOG_FLOOR, Realized, log_clipped_mean
 from tvjax.sharding import shard_rows
 from tvjax.validate import check_range, is_concrete
@@ -76,6 +77,11 @@ class _Oracle:
 
     floor = 0.0
     draws = True  # whether scoring draws random numbers (exact logits do not)
+    # Whether Algorithm 3 compiles a separate branch for chunks of first-level rows, which need
+    # one drawn sum per cell rather than the coupled pair: worth it where the draw's code is
+    # small (Gaussian sums); a second copy of the exact binomial sampler costs more compile time
+    # and memory than it saves.
+    separate_first_level = True
     # Rows per chunk when an estimator's sizes are traced: padding wastes at most one chunk per
     # side, and each loop step costs tens of microseconds, so cheap rows want longer chunks.
     traced_chunk_rows = 256
@@ -165,6 +171,7 @@ class Exact(_Oracle):
 
     floor: float = 0.0
     draws = False
+    separate_first_level = False  # nothing drawn: one branch
     # Exact rows are cheap (on the block instance one random word each): long chunks amortize
     # the loop's per-step cost.
     traced_chunk_rows = 16384
@@ -234,6 +241,7 @@ class Sampler(_Oracle):
     """
 
     floor: float = LOG_FLOOR
+    separate_first_level = False
 
     def noise_level(self, pi, mu):
         # Lemma 4: a prefix sampler is a noisy oracle with sigma^2 <= K, the largest support.
@@ -243,8 +251,9 @@ class Sampler(_Oracle):
         return jnp.exp(logp)
 
     def _draw_sum(self, key, p, count):
-        count = jnp.broadcast_to(count, p.shape).reshape(-1)
-        return _flat_draw(lambda k, shape: jax.random.binomial(k, count, p.reshape(shape)), key, p.shape).astype(p.dtype)
+        # An exact sampler whose loops run only over the cells still open (tvjax.binomial), not
+        # jax.random.binomial's inversion and rejection loops over every cell.
+        return binomial(key, count, p).astype(p.dtype)
 
     def draw_probs(self, key, process, tokens, num_draws):
         p = _realized_probs(process, tokens)[..., None]

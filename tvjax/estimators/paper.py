@@ -139,7 +139,9 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
             return z[:, 1] - jnp.where(level > 0, z[:, 0], 0.0)
 
         # Most chunks hold first-level rows only (the coarsest level has most trajectories):
-        # those skip the coarse sums, which the coupled form would draw and multiply by 0.
+        # those may skip the coarse sums, which the coupled form draws and multiplies by 0.
+        if not oracle.separate_first_level:
+            return coupled()
         return jax.lax.cond(jnp.all(level == 0), first_level, coupled)
 
     m = level_moments(key, summand, jnp.stack([counts, counts]), chunk)
