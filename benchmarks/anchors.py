@@ -105,9 +105,11 @@ def median_run(runs):
     return {**ordered[len(ordered) // 2], "walls": [run["wall"] for run in ordered]}
 
 
-def run_study(name, study, anchors, args, tmp):
+def run_study(name, study, anchors, args, tmp, reused=None):
     entry = {}
-    if anchors is not None:
+    if reused is not None:
+        entry["paper"] = {**reused, "reused": True}
+    elif anchors is not None:
         anchor_runs = [run_anchor(anchors, study, args.quick, tmp) for _ in range(args.anchor_runs)]
         entry["paper"] = median_run(anchor_runs)
     cold = [run_tvjax(study, args.quick, tmp, Path(tmp) / f"cold-{name}-{i}", "cold") for i in range(args.runs)]
@@ -134,7 +136,8 @@ def format_rows(name, entry):
     rows = []
     if "paper" in entry:
         paper = entry["paper"]
-        rows.append(f"{name:<6} {'paper':<12} {paper['wall']:8.2f} {paper['cpu']:8.2f} {paper['peak_mib']:9.0f} |")
+        label = "paper*" if paper.get("reused") else "paper"
+        rows.append(f"{name:<6} {label:<12} {paper['wall']:8.2f} {paper['cpu']:8.2f} {paper['peak_mib']:9.0f} |")
     for cache in ("cold", "warm"):
         side = entry[f"tvjax_{cache}"]
         cells = f"{name:<6} {'tvjax ' + cache:<12} {side['wall']:8.2f} {side['cpu']:8.2f} {side['peak_mib']:9.0f} |"
@@ -156,6 +159,9 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3, help="tvjax processes per cache state (median reported)")
     parser.add_argument("--anchor-runs", type=int, default=1, help="runs of each paper runner (median reported)")
     parser.add_argument("--anchors", default=None, help="the anchors folder (default: $TVJAX_ANCHORS or ../shared/anchors)")
+    parser.add_argument("--reuse-paper", default=None, metavar="JSON",
+                        help="take the paper runners' measurements from a previous run's JSON (they take minutes and do not "
+                             "depend on tvjax); the rows are marked as reused")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "anchors.json"))
     args = parser.parse_args(argv)
     names = args.studies or [name for name, study in STUDIES.items() if not args.quick or study.quick_runner_args is not None]
@@ -166,9 +172,13 @@ def main(argv=None):
     if anchors is None:
         print("the paper's runners were not found ($TVJAX_ANCHORS, ../shared/anchors): tvjax's side only")
     print(HEADER, flush=True)
+    previous = json.loads(Path(args.reuse_paper).read_text())["studies"] if args.reuse_paper else {}
+    if previous:
+        results["paper_reused_from"] = str(args.reuse_paper)
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            entry = run_study(name, STUDIES[name], anchors, args, tmp)
+            reused = previous.get(name, {}).get("paper")
+            entry = run_study(name, STUDIES[name], anchors, args, tmp, reused)
             results["studies"][name] = entry
             print("\n".join(format_rows(name, entry)), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
@@ -176,6 +186,8 @@ def main(argv=None):
           f"{args.runs} processes per cache state. Seconds of the tvjax process: imports (interpreter start to the app's "
           "imports done), Hydra composition, JAX tracing, lowering and compiling, runs (the study's rest), figures. "
           "floor: drawing the study's random words in the same process; runs/floor: how far the runs are above it.")
+    if previous:
+        print(f"paper*: the runner's measurement reused from {args.reuse_paper}")
     print(f"wrote {args.out}")
 
 

@@ -184,12 +184,27 @@ def preload_matplotlib():
     return thread
 
 
+def without_log_minor_ticks(fig):
+    """Drop the minor ticks of log axes that span two decades or more (their decades label them
+    enough): placing and drawing minor ticks is about half of a log-log figure's rendering time.
+    A narrower axis keeps them, or it would show one labelled tick."""
+    from matplotlib.ticker import NullLocator
+
+    for ax in fig.axes:
+        for axis, scale, limits in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()), (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
+            low, high = sorted(limits)
+            if scale == "log" and low > 0 and high / low >= 100:
+                axis.set_minor_locator(NullLocator())
+
+
 def save_figures(out_dir, figures):
     """Draw each figure (name -> function returning a Figure) into out_dir/name.png."""
     paths = []
     for name, draw in figures.items():
         path = Path(out_dir) / f"{name}.png"
-        draw().savefig(path, dpi=100, bbox_inches="tight")
+        fig = draw()
+        without_log_minor_ticks(fig)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
         paths.append(path.name)
     return paths
 

@@ -43,3 +43,23 @@ def test_quick_lm_benchmark_reports_both_implementations(tmp_path):
     assert {(r["task"], r["n"]) for r in report["ratios"]} == {("sample", 8), ("score", 8)}
     assert max(report["score_max_abs_diff"].values()) < 1e-3
     assert [m["rows"] for m in report["memory_check"]] == [64, 256]
+
+
+def test_quick_anchor_benchmark_reports_both_sides(tmp_path):
+    """benchmarks/anchors.py --quick: the paper's runners (where ../shared/anchors or $TVJAX_ANCHORS
+    holds them) and tvjax's studies at the same small protocol, with tvjax's seconds broken down,
+    its random-number floor, and a warm compilation cache that compiles less than a cold one."""
+    out = tmp_path / "anchors.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "anchors.py"), "--quick", "--runs", "1", "--out", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT, timeout=900)
+    report = json.loads(out.read_text())
+    assert set(report["studies"]) == {"fig5", "fig6"}
+    for entry in report["studies"].values():
+        cold, warm = entry["tvjax_cold"], entry["tvjax_warm"]
+        for side in (cold, warm):
+            assert side["wall"] > 0 and side["cpu"] > 0 and side["peak_mib"] > 0
+            assert {"startup_and_imports", "tracing", "compiling", "runs", "figures"} <= set(side["seconds"])
+        assert warm["seconds"]["compiling"] < cold["seconds"]["compiling"]
+        assert entry["random_words"] > 0 and entry["random_floor_seconds"] > 0
+        if report["anchors"]:
+            assert entry["paper"]["wall"] > 0 and entry["speedup_cold"]["wall"] > 0

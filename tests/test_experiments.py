@@ -32,6 +32,7 @@ STUDIES = {
     "convergence": "convergence",
     "multilevel_regimes": "multilevel_regimes",
     "access_models": "access_models",
+    "access_models_paper": "access_models",
     "self_noise": "self_noise",
     "bounds": "bounds",
     "bounds_rare_escape": "bounds",
@@ -69,6 +70,8 @@ def check_outputs(out_dir, record):
     assert saved["seed"] == 0 and saved["versions"]["jax"] and saved["results"]
     assert record["figures"] and all((out_dir / name).stat().st_size > 0 for name in record["figures"])
     assert len((out_dir / "results.csv").read_text().splitlines()) >= 2
+    phases = {"startup_and_imports", "hydra_composition", "tracing", "lowering", "compiling", "runs", "figures", "writing"}
+    assert set(saved["seconds"]) == phases and all(v >= 0 for v in saved["seconds"].values())
 
 
 @pytest.mark.parametrize("experiment", sorted(STUDIES))
@@ -80,8 +83,15 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
     record = run_study(cfg, module.study, module.READS, out_dir=tmp_path)
     check_outputs(tmp_path, record)
     results = record["results"]
-    if app == "convergence":
-        assert results["slope"] < 0 and results["variance_R"] > 0
+    if app == "convergence":  # Var(R) of the block instance is a sum over its outcomes, not sampled
+        assert results["slope"] < 0 and results["variance_R_from"] == "exact"
+        assert results["variance_R"] == pytest.approx(0.23360418, rel=1e-6)
+    if app in ("convergence", "multilevel_regimes", "access_models"):
+        assert record["random_words"] > 0
+    if experiment == "access_models_paper":  # the runner's N_l = round(N_base L w_l / sum w), at least 1
+        rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+        sizes = {r["arm"]: json.loads(r["sizes"]) for r in rows}
+        assert sizes["noisy sigma=0.5, r=(16, 64)"] == [[25, 7], [16, 64]] and sizes["exact logits"] == [64, 1]
     if app == "multilevel_regimes":
         assert all(len(v) == len(cfg.study_smoke.repeats) - 1 for v in results["rho"].values())
     if app == "bounds":

@@ -1,5 +1,6 @@
-"""JAX's persistent compilation cache as tvjax turns it on: a second process reuses a program, a
-changed program misses, the opt-out writes nothing."""
+"""Fixed costs: JAX's persistent compilation cache as tvjax turns it on (a second process reuses a
+program, a changed program misses, the opt-out writes nothing), the study job keys, and the count
+of random words behind a study's floor."""
 
 import json
 import os
@@ -7,7 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
+
+from tvjax.instances import paper_block_pair, random_tabular_pair
+from tvjax.oracles import Exact, Noisy, Sampler
+from tvjax.schedules import Level, Samples, Schedule
+from tvjax.studies import job_key, random_words
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
@@ -56,3 +64,22 @@ def test_second_process_reuses_and_a_changed_program_misses(tmp_path):
 def test_opting_out_writes_nothing(tmp_path):
     result = probe(2.0, "off")
     assert result["folder"] is None and result["hits"] == result["misses"] == 0
+
+
+def test_job_keys_are_distinct_and_reproducible():
+    keys = [job_key(0, 1, i) for i in range(4)] + [job_key(0, 2, 0), job_key(1, 1, 0)]
+    data = [tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in keys]
+    assert len(set(data)) == len(data)
+    assert np.array_equal(jax.random.key_data(job_key(0, 1, 2)), jax.random.key_data(job_key(0, 1, 2)))
+
+
+def test_random_words_counts_samples_and_drawn_sums():
+    pi, _ = paper_block_pair()  # one word per sample, 13 drawn positions
+    assert pi.random_words_per_sample == 1
+    assert random_words(pi, Exact(), Samples(100), copies=3) == 300
+    assert random_words(pi, Noisy(0.1), Samples(100)) == 100 * (1 + 2 * 13)
+    assert random_words(pi, Sampler(), Level(10, 4)) == 2 * 10 * (1 + 2 * 13)
+    # A coupled level draws two sums per cell; both sides sample.
+    assert random_words(pi, Noisy(0.1), Schedule((10, 5), (1, 8))) == 2 * 10 * (1 + 26) + 2 * 5 * (1 + 52)
+    tab, _ = random_tabular_pair(n=6)  # no compact sampler: a word per position, every position drawn
+    assert random_words(tab, Noisy(0.1), Samples(7)) == 7 * (6 + 2 * 6)
