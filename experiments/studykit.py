@@ -263,7 +263,11 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
 def finish():
     """End an app's process once its main has returned: every result is written and closed, stdio
     is flushed and logging shut down; then exit without Python's teardown of JAX's backends, thread
-    pools and modules (about half a second, a tenth of a short study, and nothing of ours)."""
+    pools and modules (about half a second, a tenth of a short study, and nothing of ours).
+    Multiruns end normally: a launcher's worker pool (joblib's loky processes) must be shut down,
+    or its idle workers keep the process's output pipes open until they time out."""
+    if any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in sys.argv[1:]):
+        return
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
