@@ -15,6 +15,7 @@ import csv
 import hashlib
 import importlib
 import importlib.metadata
+import io
 import json
 import logging
 import os
@@ -77,12 +78,14 @@ class StudyResult(NamedTuple):
     """What a study returns: a JSON summary, CSV rows (one dict per row), named figures as
     functions that draw them (called after the study, so their time is counted apart and
     matplotlib loads only when a figure is drawn), and the random 32-bit words the study's
-    estimates need at the least (`tvjax.studies.random_words`), for its floor."""
+    estimates need at the least (`tvjax.studies.random_words`), for its floor; `files` maps
+    further file names to their text (e.g. a second table)."""
 
     summary: dict
     rows: list
     figures: dict
     random_words: int = 0
+    files: dict | None = None
 
 
 class ConfigError(ValueError):
@@ -159,12 +162,17 @@ def package_versions():
     return versions
 
 
+def csv_text(rows):
+    """CSV of dict rows, the columns in order of first appearance, non-finite numbers as text."""
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+    writer.writeheader()
+    writer.writerows(to_jsonable(rows, nonfinite_as_string=True))
+    return handle.getvalue()
+
+
 def write_csv(path, rows):
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(to_jsonable(rows, nonfinite_as_string=True))
+    Path(path).write_text(csv_text(rows), newline="")
 
 
 def subplots(nrows=1, ncols=1, *, figsize=None, **kwargs):
@@ -253,7 +261,9 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
         record["random_floor_seconds"] = random_floor_seconds(result.random_words)
     started = time.perf_counter()
     write_csv(out_dir / "results.csv", result.rows)
-    seconds["writing"] = time.perf_counter() - started  # the CSV; results.json is a few kB
+    for name, text in (result.files or {}).items():
+        (out_dir / name).write_text(text)
+    seconds["writing"] = time.perf_counter() - started  # the CSVs; results.json is small beside them
     (out_dir / "results.json").write_text(json.dumps(to_jsonable(record, nonfinite_as_string=True), indent=2))
     (out_dir / DONE_MARKER).write_text(json.dumps({"config_digest": digest, "wall_seconds": wall}))
     print(f"[done] {record['study']} in {wall:.1f} s -> {out_dir}")

@@ -13,6 +13,7 @@ from tvjax.currency import likelihood_ratio_term
 from tvjax.instances import (
     TabularProcess,
     block_pair,
+    coin_pair,
     enumerate_tv,
     exact_tv,
     likelihood_ratio_moments,
@@ -102,6 +103,7 @@ def test_enumeration_too_large_raises():
         lambda: random_tabular_pair(seed=2, vocab_size=3, n=3, context_len=1, top_k=(2, 2)),
         lambda: rare_escape_pair([0.6, 0.4], [0.2, 0.8], n=3, escape_scale=1.0),
         lambda: block_pair(seed=1, n=5, block_bits=2, p_active=0.5, alpha=0.4),
+        lambda: coin_pair(n=4, shift=0.3),
     ],
 )
 def test_sampling_law_matches_path_logprobs(pair):
@@ -119,7 +121,9 @@ def test_sampling_law_matches_path_logprobs(pair):
 
 
 def test_next_token_logprobs_consistent_with_path():
-    for pi, _ in (paper_block_pair(), random_tabular_pair(seed=0, top_k=(2, 3)), rare_escape_pair([0.5, 0.5], [0.9, 0.1], 9)):
+    pairs = (paper_block_pair(), random_tabular_pair(seed=0, top_k=(2, 3)), rare_escape_pair([0.5, 0.5], [0.9, 0.1], 9),
+             coin_pair(7))
+    for pi, _ in pairs:
         tokens = pi.sample(jax.random.PRNGKey(1), 64)
         full = pi.next_token_logprobs(tokens)
         gathered = jnp.take_along_axis(full, tokens[..., None], -1)[..., 0]
@@ -187,6 +191,26 @@ def test_rare_escape_uniform_pair_has_the_stated_tv():
     for bad in ({"K": 3}, {"K": 0}, {"tv_outcomes": 0.6}):
         with pytest.raises(ValueError):
             tvjax.rare_escape_uniform_pair(**bad)
+
+
+@pytest.mark.parametrize("n, shift", [(1, 0.3), (6, 0.25), (13, 0.4), (18, 1.5)])
+def test_coin_pair_tv_by_its_sufficient_statistic_equals_enumeration(n, shift):
+    """The sum over the number of ones against the sum over all 2^n sequences, up to near-total
+    separation (shift 1.5 at n = 18: a = 0.35)."""
+    pi, mu = coin_pair(n=n, shift=shift)
+    assert exact_tv(pi, mu) == pytest.approx(enumerate_tv(pi, mu), abs=2e-6)
+
+
+def test_coin_pair_tv_is_stable_in_n_and_finite_far_out():
+    """a = shift / sqrt(n) keeps the TV near 2 Phi(2 shift) - 1; the log-space sum stays finite
+    where the binomial coefficients overflow float64 (n > 1029)."""
+    from scipy.stats import norm
+
+    limit = 2 * norm.cdf(0.5) - 1
+    values = [exact_tv(*coin_pair(n=n, shift=0.25)) for n in (32, 512, 4096)]
+    assert all(abs(v - limit) < 0.01 for v in values) and values[0] < values[1] < values[2]
+    with pytest.raises(ValueError, match="shift"):
+        coin_pair(n=4, shift=1.0)  # a = 1/2: a coin with p = 1 and one with p = 0
 
 
 def _path_mismatched_block_pair():

@@ -1,6 +1,6 @@
 """Hydra experiment apps: every study composed (Hydra compose API) and run end to end at smoke
 size, multiruns through the joblib and submitit_local launchers, skip-if-complete on re-run, and
-the bounds fit against synthetic budgets whose exponents are known."""
+the bounds app's checks live in test_bounds.py."""
 
 import csv
 import importlib.util
@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -20,7 +19,6 @@ from tvjax.estimators import Configured, plugin
 from tvjax.instances import exact_tv, random_tabular_pair
 from tvjax.oracles import Exact, LogitNoise, Noisy, Sampler
 from tvjax.schedules import Level, equal_share_schedule
-from tvjax.studies import loglog_fit
 
 from studykit import ConfigError, build, build_pair, config_digest, run_study, study_view
 
@@ -36,6 +34,7 @@ STUDIES = {
     "self_noise": "self_noise",
     "bounds": "bounds",
     "bounds_rare_escape": "bounds",
+    "bounds_coins": "bounds",
     "model_variants": "model_variants",
 }
 # Subprocess jobs are tiny: skip the expensive XLA backend passes to keep compiles short.
@@ -96,6 +95,8 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
         assert all(len(v) == len(cfg.study_smoke.repeats) - 1 for v in results["rho"].values())
     if app == "bounds":
         assert {row["access"] for row in results["exponents"]} == {g.access for g in cfg.study_smoke.grids}
+        assert all(row["verdict"] and row["reps"] == cfg.study_smoke.reps for row in results["exponents"])
+        assert (tmp_path / "exponents.csv").read_text().startswith("access,axis,estimator")
     if app == "model_variants":  # a tiny random model: every row has its exact TV by enumeration
         labels = {v.label for v in cfg.study_smoke.variants}
         assert set(results["variants"]) | set(results["skipped"]) == labels and results["variants"]
@@ -179,25 +180,6 @@ def test_query_accounting_matches_the_estimators():
     schedule = equal_share_schedule(1e6, 128, (16, 64))
     spent = [cost.symmetric_queries(N, 128, r) for N, r in zip(*schedule)]
     assert max(spent) <= 0.5e6 and min(spent) > 0.49e6
-
-
-def test_bounds_fit_recovers_known_exponents():
-    rng = np.random.default_rng(0)
-    n = np.array([16, 32, 64, 128, 256], float)
-    assert abs(loglog_fit(n, 3.0 * n**1.5 * np.exp(rng.normal(0, 0.02, n.size))).slope - 1.5) < 0.05
-    bounds = load_app("bounds")
-    rows = [{"access": "noisy", "axis": "n", "estimator": "multilevel", "x": x, "budget_needed": 7 * x**2 / 0.01,
-             "theory": (x + x**2 * 0.25) / 0.01} for x in n]
-    rows += [{"access": "noisy", "axis": "eps", "estimator": "multilevel", "x": 1 / eps, "budget_needed": 5 / eps**2,
-              "theory": 80 / eps**2} for eps in (0.2, 0.1, 0.05)]
-    table = {(row["axis"], row["estimator"]): row for row in bounds.exponent_table(rows)}
-    assert abs(table["n", "multilevel"]["fitted"] - 2.0) < 1e-9
-    assert abs(table["eps", "multilevel"]["fitted"] - 2.0) < 1e-9 and abs(table["eps", "multilevel"]["theory"] - 2.0) < 1e-9
-    assert 1.5 < table["n", "multilevel"]["theory"] < 2.0  # (n + n^2/4) bends from slope 1 to 2 over the grid
-    # needed_scale: Gaussian estimates with known bias b and sd s at scale c need c s^2 / (eps^2 - b^2).
-    values = 0.4 + 0.01 + 0.05 * rng.standard_normal(200_000)
-    assert bounds.needed_scale(values, 0.4, 0.1, 2.0) == pytest.approx(2.0 * 0.05**2 / (0.1**2 - 0.01**2), rel=0.02)
-    assert bounds.needed_scale(values, 0.3, 0.1, 2.0) == float("inf")  # bias 0.11 > eps
 
 
 def run_app(args, cwd):

@@ -12,11 +12,13 @@ _EXPORTS = {
     # instances
     "BlockProcess": "tvjax.instances",
     "RareEscapeProcess": "tvjax.instances",
+    "CoinProcess": "tvjax.instances",
     "TabularProcess": "tvjax.instances",
     "paper_block_pair": "tvjax.instances",
     "block_pair": "tvjax.instances",
     "rare_escape_pair": "tvjax.instances",
     "rare_escape_uniform_pair": "tvjax.instances",
+    "coin_pair": "tvjax.instances",
     "random_tabular_pair": "tvjax.instances",
     "exact_tv": "tvjax.instances",
     # oracles

@@ -1,5 +1,5 @@
 """Autoregressive instances with known TV: the paper's block construction, the rare-escape
-embedding, and random tabular pairs with the perturbations that matter in serving.
+embedding, independent coins, and random tabular pairs with the perturbations that matter in serving.
 
 A process is a pytree (jit/vmap-able) answering
   sample(key, num)              -> int32 [num, n]
@@ -9,6 +9,7 @@ Exact TV (the ground truth) lives here too: analytic where the paper gives it, e
 """
 
 import dataclasses
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -285,6 +286,59 @@ def _rare_escape_tv(pi, mu):
     return (1.0 - (1.0 - q) ** pi.n) * tv_outcomes
 
 
+# --------------------------------------------------------------------------- independent coins
+
+
+@dataclasses.dataclass(frozen=True)
+class CoinProcess:
+    """n independent coins Bern(p1): every position is random, so a noisy or sampled draw at every
+    one of the n positions adds to the noise of log p(x) (the n^2 sigma^2 of Theorem 3 shows)."""
+
+    p1: jax.Array  # scalar P(x_i = 1)
+    n: int
+    vocab_size: int = 2
+    max_support: int = 2
+
+    def _logs(self):
+        p1 = jnp.asarray(self.p1, jnp.float32)
+        return jnp.log1p(-p1), jnp.log(p1)
+
+    def sample(self, key, num):
+        return jax.random.bernoulli(key, self.p1, (num, self.n)).astype(jnp.int32)
+
+    def path_logprobs(self, tokens):
+        log_zero, log_one = self._logs()
+        return jnp.where(tokens == 1, log_one, log_zero)
+
+    def next_token_logprobs(self, tokens):
+        log_zero, log_one = self._logs()
+        return jnp.broadcast_to(jnp.stack([log_zero, log_one]), tokens.shape + (2,))
+
+
+_pytree(CoinProcess, ["n", "vocab_size", "max_support"])
+
+
+def coin_pair(n=64, shift=0.25):
+    """(pi, mu) = (Bern(1/2 + a)^n, Bern(1/2 - a)^n) with a = shift / sqrt(n), so the TV stays
+    near 2 Phi(2 shift) - 1 (about 0.38 at shift 0.25) as n grows; exact TV by a sum over the
+    number of ones, the pair's sufficient statistic."""
+    n = check_positive_int("n", n)
+    a = float(shift) / math.sqrt(n)
+    check_range("shift / sqrt(n)", a, 0.0, 0.5, low_open=True, high_open=True)
+    return CoinProcess(np.float64(0.5 + a), n), CoinProcess(np.float64(0.5 - a), n)
+
+
+def _coin_tv(pi, mu):
+    """TV of two products of n coins: 1/2 sum_k C(n, k) |p^k (1-p)^(n-k) - q^k (1-q)^(n-k)|,
+    each term in log space (the binomial coefficients overflow float64 from n of about 1030)."""
+    k = np.arange(pi.n + 1, dtype=np.float64)
+    log_choose = np.array([math.lgamma(pi.n + 1) - math.lgamma(j + 1) - math.lgamma(pi.n - j + 1) for j in range(pi.n + 1)])
+    log_mass = lambda p: log_choose + k * math.log(p) + (pi.n - k) * math.log1p(-p)
+    one, other = log_mass(float(pi.p1)), log_mass(float(mu.p1))
+    high, low = np.maximum(one, other), np.minimum(one, other)
+    return float(0.5 * np.sum(np.exp(high) * -np.expm1(low - high)))  # |e^a - e^b| = e^max (1 - e^(min - max))
+
+
 # --------------------------------------------------------------------------- random tabular
 
 
@@ -474,13 +528,15 @@ def likelihood_ratio_moments(pi, mu, max_sequences=MAX_ENUMERATION):
 
 
 def exact_tv(pi, mu, max_sequences=MAX_ENUMERATION):
-    """The ground-truth TV(pi, mu): analytic for block and rare-escape pairs, else enumeration."""
+    """The ground-truth TV(pi, mu): analytic for block, rare-escape and coin pairs, else enumeration."""
     check_pair(pi, mu)
     analytic = None
     if isinstance(pi, BlockProcess) and isinstance(mu, BlockProcess) and pi.block_bits == mu.block_bits:
         analytic = _block_tv(pi, mu)
     elif isinstance(pi, RareEscapeProcess) and isinstance(mu, RareEscapeProcess):
         analytic = _rare_escape_tv(pi, mu)
+    elif isinstance(pi, CoinProcess) and isinstance(mu, CoinProcess):
+        analytic = _coin_tv(pi, mu)
     if analytic is not None:
         return analytic
     return enumerate_tv(pi, mu, max_sequences=max_sequences)

@@ -69,6 +69,98 @@ def loglog_fit(x, y):
     return Fit(float(slope), float(intercept), int(keep.sum()))
 
 
+# --------------------------------------------------------------------------- needed budgets and their exponents
+
+
+def _needed_budgets(values, truth, eps, pilot_queries):
+    """Queries at which RMSE = eps, from repeated estimates along the last axis of `values` at
+    `pilot_queries`: the variance falls as 1/queries and the bias stays, so RMSE^2(Q) =
+    b^2 + v Q_pilot / Q and Q = Q_pilot v / (eps^2 - b^2), infinite when the bias reaches eps.
+    b^2 is estimated without its upward bias: the squared mean error overstates b^2 by v / reps."""
+    values = np.asarray(values, np.float64)
+    reps = values.shape[-1]
+    deviation = np.mean(values, axis=-1) - truth
+    variance = np.var(values, axis=-1, ddof=1)
+    bias_squared = np.maximum(deviation**2 - variance / reps, 0.0)
+    slack = eps**2 - bias_squared
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(slack > 0, pilot_queries * variance / slack, np.inf), deviation
+
+
+class Needed(NamedTuple):
+    """The budget one estimator needs for RMSE = eps at one point, from repeated estimates at a
+    pilot budget: `budget` (inf when unreachable), the estimate's `bias` and per-estimate `stderr`."""
+
+    budget: float
+    bias: float
+    stderr: float
+
+
+def needed_budget(values, truth, eps, pilot_queries):
+    """Needed: the queries at which repeated estimates at `pilot_queries` reach RMSE = eps."""
+    budget, bias = _needed_budgets(values, truth, eps, pilot_queries)
+    return Needed(float(budget), float(bias), float(np.std(np.asarray(values, np.float64), ddof=1)))
+
+
+class ExponentFit(NamedTuple):
+    """Least-squares slope of log(needed budget) on log(x) over a grid, with a bootstrap interval:
+    each resample redraws every point's repetitions with replacement (points are independent
+    runs) and refits. `unreachable` counts grid points whose bias reaches eps (no fit then);
+    `undetermined` is the share of resamples with an unreachable point (their slope is unknown,
+    and the interval is only reported when that share is below (1 - level) / 2)."""
+
+    slope: float
+    low: float
+    high: float
+    unreachable: int
+    undetermined: float
+
+
+def _slope_weights(x):
+    centered = np.log(np.asarray(x, np.float64))
+    centered -= centered.mean()
+    return centered / np.sum(centered**2)  # slope = weights . log(y), a linear map per resample
+
+
+def bootstrap_exponent(x, values, truths, eps, pilot_queries, rng, resamples=2000, level=0.95):
+    """ExponentFit of the needed budget along x: values[i] are the repeated estimates at grid
+    point x[i] (truth, eps and pilot queries per point)."""
+    if len(x) < 2:
+        raise ValueError(f"an exponent needs at least 2 grid points, got {len(x)}")
+    budgets = [_needed_budgets(v, t, e, q)[0] for v, t, e, q in zip(values, truths, eps, pilot_queries)]
+    unreachable = int(sum(not np.isfinite(b) for b in budgets))
+    if unreachable:
+        return ExponentFit(math.nan, math.nan, math.nan, unreachable, 1.0)
+    weights = _slope_weights(x)
+    resampled = np.stack([
+        _needed_budgets(np.asarray(v)[rng.integers(0, len(v), (resamples, len(v)))], t, e, q)[0]
+        for v, t, e, q in zip(values, truths, eps, pilot_queries)
+    ], axis=-1)  # [resamples, points]
+    finite = np.all(np.isfinite(resampled), axis=-1)
+    slopes = np.log(resampled[finite]) @ weights
+    undetermined = 1.0 - finite.mean()
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(slopes, [tail, 1 - tail]) if undetermined < tail and slopes.size else (math.nan, math.nan)
+    return ExponentFit(float(weights @ np.log(budgets)), float(low), float(high), 0, float(undetermined))
+
+
+def bound_verdict(fit, upper=None, upper_with_logs=None, lower=None):
+    """Whether a fitted exponent is consistent with the paper's bounds over its grid: an upper
+    bound (the theory's slope, and the same with the theorem's log factors) must not lie below
+    the interval; a lower bound must not lie above it. None skips a bound."""
+    if fit.unreachable:
+        return "unreachable"
+    if math.isnan(fit.low):
+        return "undetermined"
+    if lower is not None and fit.high < lower:
+        return "below the lower bound"
+    if upper is not None and fit.low > upper:
+        if upper_with_logs is not None and fit.low <= upper_with_logs:
+            return "consistent up to the log factor"
+        return "exceeds the upper bound"
+    return "consistent"
+
+
 # --------------------------------------------------------------------------- the random-number floor
 
 
