@@ -109,11 +109,12 @@ def lower_terms(access, p, support):
     """The terms of the paper's lower bounds on its hard instances (Theorems 5 and 7,
     Corollary 2), without constants: n/eps^2 for every access model, and n sigma^2 (1 v sigma^2
     is within 2 of 1 + sigma^2) or n K over eps^2 log K for noisy or sampled draws."""
+    log_k = math.log(max(support, 2))  # the theorems take K >= 3; a support of 1 would divide by 0
     if access == "exact":
         return [p.n / p.eps**2]
     if access == "noisy":
-        return [p.n / (p.eps**2 * math.log(support)), p.n * p.sigma**2 / (p.eps**2 * math.log(support))]
-    return [p.n * support / (p.eps**2 * math.log(support))]
+        return [p.n / (p.eps**2 * log_k), p.n * p.sigma**2 / (p.eps**2 * log_k)]
+    return [p.n * support / (p.eps**2 * log_k)]
 
 
 class TheorySlopes(NamedTuple):
@@ -239,7 +240,8 @@ def print_table(table):
 
 
 def summarize(records, seed, resamples, hard_instance):
-    """(exponent table, figures) from the measured points of a whole grid."""
+    """(exponent table, one CSV row per measured point and estimator, figures) from the measured
+    points of a whole grid."""
     table = exponent_table(records, seed, resamples, hard_instance)
     rows = [point_row(r) for r in records]
     figures = {f"bounds_{a}": partial(plot, rows, table, a)
