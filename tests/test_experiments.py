@@ -35,6 +35,7 @@ STUDIES = {
     "bounds": "bounds",
     "bounds_rare_escape": "bounds",
     "bounds_coins": "bounds",
+    "coverage": "coverage",
     "model_variants": "model_variants",
 }
 # Subprocess jobs are tiny: skip the expensive XLA backend passes to keep compiles short.

@@ -1,0 +1,245 @@
+"""Anytime-valid TV estimates and the TV gate: trajectories drawn in rounds, with a confidence
+sequence that holds at every round at once, so one may look after each round and stop.
+
+    for state in anytime_tv(key, pi, mu, "exact", delta=0.05, budget=1e8):
+        if state.high - state.low < 0.02:
+            break
+    result = gate(key, pi, mu, tau=0.05, delta=0.05, budget=1e8)   # PASS / FAIL / INCONCLUSIVE
+
+The sequence is the hedged betting confidence sequence for the mean of observations in [0, 1]
+(Waudby-Smith and Ramdas, "Estimating means of bounded random variables by betting", JRSS B
+2024): for every candidate mean m on a grid, the capital of betting that the mean is above m and
+of betting that it is below, with predictable bets; by Ville's inequality the capital of the true
+mean passes 1/delta with probability at most delta at any time, so the set of m whose capital
+stays below it covers the mean at every round simultaneously.
+
+One observation is one trajectory from each side, X ~ pi and X' ~ mu, and the average of
+Z = |pi - mu| / (pi + mu) over the two (in [0, 1]; E_{(pi + mu)/2}[Z] = TV, the symmetric form of
+Algorithm 1 the paper reports). Z = 1 wherever one side has zero mass, so the share of such
+trajectories is the support-mismatch part of the TV, seen from both sides (a one-sided R over
+X ~ pi misses mu's tokens outside pi's support).
+
+* Exact logits: Z is exact and its mean is the TV.
+* Noisy and sample-only access: Z is the plug-in at r draws per position, whose mean TV_r is
+  biased. The bias is bounded as the multilevel
+  extrapolation does (`tvjax.api.top_level_bias`): with b(r) = C r^(-1/2), b(r) = |E[Y]| /
+  (sqrt(r / r_c) - 1) for the coupled increment Y = Z_r - Z_{r_c} on the same trajectories
+  (nested draws, r_c = ceil(r / 4)). |E[Y]| is bounded by a second confidence sequence, and
+  delta is split between the two. The interval is the first sequence widened by that bound; the
+  r^(-1/2) decay is the assumption this rests on.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tvjax import cost
+from tvjax.api import resolve_oracle
+from tvjax.currency import mixture_z
+from tvjax.validate import check_pair, check_positive_int, check_range
+
+BET_CAP = 0.5  # bets truncated to c / m and c / (1 - m): every factor of the capital stays >= 1 - c
+GRID_SIZE = 2000  # candidate means j / GRID_SIZE; the interval is widened by one step
+
+
+class BettingState(NamedTuple):
+    """A betting confidence sequence after `count` observations: the log capital of betting
+    that the mean is above (`log_up`) and below (`log_down`) each grid value, and the running
+    sums behind the predictable bets."""
+
+    log_up: jax.Array  # [GRID_SIZE + 1]
+    log_down: jax.Array
+    count: jax.Array  # observations so far
+    total: jax.Array  # their sum
+    spread: jax.Array  # sum of (x_i - mean estimate after i)^2
+
+
+def betting_start():
+    zeros = jnp.zeros(GRID_SIZE + 1, jnp.float32)
+    return BettingState(zeros, zeros, *(jnp.zeros((), jnp.float32) for _ in range(3)))
+
+
+def _grid():
+    return jnp.arange(GRID_SIZE + 1, dtype=jnp.float32) / GRID_SIZE
+
+
+@jax.jit
+def betting_update(state, x, delta):
+    """The state after the observations x (in [0, 1], in order). Each bet uses only the
+    observations before it: lambda_i = sqrt(2 log(2/delta) / (s2_{i-1} i log(1 + i))) with the
+    regularized running mean and variance of Waudby-Smith and Ramdas (their predictable plug-in)."""
+    x = jnp.asarray(x, jnp.float32)
+    index = state.count + jnp.arange(1, x.shape[0] + 1, dtype=jnp.float32)  # i = 1, 2, ... overall
+    running_total = state.total + jnp.cumsum(x)
+    mean_after = (0.5 + running_total) / (index + 1)
+    deviation = (x - mean_after) ** 2
+    spread_before = state.spread + jnp.cumsum(deviation) - deviation
+    variance_before = (0.25 + spread_before) / index
+    bet = jnp.sqrt(2 * jnp.log(2 / delta) / (variance_before * index * jnp.log1p(index)))
+    m = _grid()[:, None]
+    up = jnp.minimum(bet[None, :], jnp.where(m > 0, BET_CAP / jnp.maximum(m, 1e-12), jnp.inf))
+    down = jnp.minimum(bet[None, :], jnp.where(m < 1, BET_CAP / jnp.maximum(1 - m, 1e-12), jnp.inf))
+    gap = x[None, :] - m
+    return BettingState(state.log_up + jnp.sum(jnp.log1p(up * gap), axis=1),
+                        state.log_down + jnp.sum(jnp.log1p(-down * gap), axis=1),
+                        index[-1], running_total[-1], state.spread + jnp.sum(deviation))
+
+
+def betting_pieces(state, x, delta, piece=1024):
+    """betting_update over x in order, `piece` observations at a time: the grid times a piece
+    bounds the memory of one update."""
+    for start in range(0, x.shape[0], piece):
+        state = betting_update(state, x[start : start + piece], delta)
+    return state
+
+
+def betting_interval(state, delta):
+    """(low, high): the grid values whose hedged capital (half on each side, a test martingale
+    for the true mean) stays below 1/delta, widened by one grid step; [0, 1] before any data."""
+    log_capital = jnp.logaddexp(state.log_up, state.log_down) + math.log(0.5)
+    inside = np.asarray(log_capital < math.log(1 / delta))
+    grid = np.arange(GRID_SIZE + 1) / GRID_SIZE
+    step = 1.0 / GRID_SIZE
+    if not inside.any():  # a sequence narrower than the grid's step: the step around its best point
+        nearest = grid[int(np.argmin(np.asarray(log_capital)))]
+        return max(0.0, float(nearest) - step), min(1.0, float(nearest) + step)
+    return max(0.0, float(grid[inside].min()) - step), min(1.0, float(grid[inside].max()) + step)
+
+
+# --------------------------------------------------------------------------- rounds of trajectories
+
+
+class Round(NamedTuple):
+    """One round's observations: `value` in [0, 1] (mean TV, or TV_r), `increment` in [-1, 1]
+    (Z_r - Z_{r_c}; zeros at exact logits) and `mismatch`, the share of the observation's
+    trajectories on which one side has zero mass (Z = 1: the support-mismatch part of TV)."""
+
+    value: jax.Array
+    increment: jax.Array
+    mismatch: jax.Array
+
+
+def _symmetric_round(key, pi, mu, oracle, num, repeats, coarse):
+    z_sides, mismatch = [], []
+    for side, k in zip((pi, mu), jax.random.split(key)):
+        k_sample, k_score = jax.random.split(k)
+        paths = oracle.trajectory_sampler(side, (pi, mu))(k_sample, num)
+        log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (coarse, repeats))
+        z_sides.append(mixture_z(log_pi, log_mu))  # [num, 2]: Z at r_c and at r, nested draws
+        mismatch.append((jnp.isneginf(log_pi[:, 1]) | jnp.isneginf(log_mu[:, 1])).astype(jnp.float32))
+    z = (z_sides[0] + z_sides[1]) / 2
+    return Round(z[:, 1], z[:, 1] - z[:, 0], (mismatch[0] + mismatch[1]) / 2)
+
+
+_symmetric_round_program = jax.jit(_symmetric_round, static_argnames=("num", "repeats", "coarse"))
+
+
+class AnytimeEstimate(NamedTuple):
+    """The state after a round: the interval [low, high] that holds at every round with
+    probability 1 - delta, the running mean `value`, the plug-in `bias_bound` inside the
+    interval (0 at exact logits), the support-mismatch share, and what was spent."""
+
+    low: float
+    high: float
+    value: float
+    bias_bound: float
+    mismatch_share: float
+    observations: int
+    queries: float
+    rounds: int
+    repeats: int
+
+
+def default_repeats(noise, n, bias_target=0.02):
+    """r for the plug-in arm: the plug-in bias, of order sqrt(n sigma^2 / r), at bias_target."""
+    return 1 + math.ceil(n * noise**2 / bias_target**2)
+
+
+
+
+def anytime_tv(key, pi, mu, access="exact", delta=0.05, budget=1e8, round_size=1024, sigma=None, scale=None,
+               repeats=None):
+    """Rounds of `round_size` observations until the next round would pass `budget` queries:
+    yields an AnytimeEstimate after every round (stop whenever: the interval holds at every
+    round at once). An observation is one trajectory from each side, scored at `repeats` draws
+    per position (1 at exact logits; default `default_repeats` otherwise)."""
+    check_pair(pi, mu)
+    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    round_size = check_positive_int("round_size", round_size)
+    oracle = resolve_oracle(access, sigma, scale)
+    noise = oracle.noise_level(pi, mu)
+    exact = noise == 0.0
+    if repeats is None:
+        repeats = 1 if exact else default_repeats(noise, pi.n)
+    repeats = check_positive_int("repeats", repeats)
+    if not exact and repeats < 2:
+        raise ValueError("noisy and sample-only access need repeats >= 2 (the bias bound compares r with r / 4)")
+    coarse = max(1, math.ceil(repeats / 4))  # exact logits: r = r_c = 1, no increment
+    per_round = float(cost.symmetric_queries(round_size, pi.n, repeats))
+    if per_round > budget:
+        raise ValueError(f"budget={budget:.4g} queries is less than one round ({round_size} observations cost "
+                         f"{per_round:.4g}); raise the budget or lower round_size")
+    main_delta = delta if exact else delta / 2  # the rest bounds the plug-in's bias
+    values, increments = betting_start(), betting_start()
+    low, high, bias_low, bias_high = 0.0, 1.0, 0.0, 1.0
+    spent, mismatches, rounds = 0.0, 0.0, 0
+    while spent + per_round <= budget:
+        round_key = jax.random.fold_in(key, rounds)
+        obs = _symmetric_round_program(round_key, pi, mu, oracle, num=round_size, repeats=repeats, coarse=coarse)
+        values = betting_pieces(values, obs.value, main_delta)
+        round_low, round_high = betting_interval(values, main_delta)
+        low, high = max(low, round_low), min(high, round_high)  # the running intersection holds too
+        bias = 0.0
+        if not exact:
+            increments = betting_pieces(increments, (obs.increment + 1) / 2, delta - main_delta)
+            round_low, round_high = betting_interval(increments, delta - main_delta)
+            bias_low, bias_high = max(bias_low, round_low), min(bias_high, round_high)
+            largest_increment = max(abs(2 * bias_low - 1), abs(2 * bias_high - 1))
+            bias = largest_increment / (math.sqrt(repeats / coarse) - 1)
+        spent += per_round
+        rounds += 1
+        mismatches += float(jnp.sum(obs.mismatch))
+        count = int(values.count)
+        yield AnytimeEstimate(max(0.0, low - bias), min(1.0, high + bias), float(values.total) / count, bias,
+                              mismatches / count, count, spent, rounds, repeats)
+
+
+# --------------------------------------------------------------------------- the gate
+
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 2}
+
+
+class GateResult(NamedTuple):
+    """The decision: PASS when the interval's upper end is below tau, FAIL when its lower end is
+    above tau, INCONCLUSIVE when the budget ran out first; `exit_code` 0 / 1 / 2."""
+
+    verdict: str
+    exit_code: int
+    tau: float
+    delta: float
+    budget: float
+    estimate: AnytimeEstimate
+
+
+def gate(key, pi, mu, tau, delta=0.05, budget=1e8, access="exact", round_size=1024, sigma=None, scale=None,
+         repeats=None, on_round=None):
+    """Is TV(pi, mu) below tau, at confidence 1 - delta? Rounds until the confidence sequence
+    decides or the budget is spent; `on_round(estimate)` is called after every round (progress).
+    The sequence holds at every round at once, so stopping at the first decisive round keeps the
+    error probability at most delta."""
+    check_range("tau", tau, 0.0, 1.0, low_open=True, high_open=True)
+    check_range("budget", budget, 0.0, low_open=True)
+    if getattr(pi, "eos_ids", ()) != getattr(mu, "eos_ids", ()):
+        raise ValueError(f"pi and mu stop at different EOS tokens ({pi.eos_ids} vs {mu.eos_ids}): their "
+                         "continuations are not one sample space")
+    estimate = None
+    for estimate in anytime_tv(key, pi, mu, access, delta, budget, round_size, sigma, scale, repeats):
+        if on_round is not None:
+            on_round(estimate)
+        if estimate.high < tau or estimate.low > tau:
+            break
+    verdict = "PASS" if estimate.high < tau else "FAIL" if estimate.low > tau else "INCONCLUSIVE"
+    return GateResult(verdict, EXIT_CODES[verdict], float(tau), float(delta), float(budget), estimate)
