@@ -104,6 +104,7 @@ def test_enumeration_too_large_raises():
         lambda: rare_escape_pair([0.6, 0.4], [0.2, 0.8], n=3, escape_scale=1.0),
         lambda: block_pair(seed=1, n=5, block_bits=2, p_active=0.5, alpha=0.4),
         lambda: coin_pair(n=4, shift=0.3),
+        lambda: tvjax.instances.stopping_tabular_pair(seed=3, vocab_size=3, n=4),
     ],
 )
 def test_sampling_law_matches_path_logprobs(pair):
@@ -274,3 +275,58 @@ def test_exact_ratio_moments_match_sampling(pair):
     assert abs(r.mean() - exact.mean) < 5 * np.sqrt(exact.variance / num) + 1e-6
     # Var of the sample variance: (mu4 - sigma^4) / N, with mu4 <= E[R^4] <= E[R^2] for R in [0, 1].
     assert abs(r.var(ddof=1) - exact.variance) < 5 * np.sqrt((exact.variance + exact.mean**2) / num) + 1e-6
+
+
+def _stopped_tv_by_brute_force(seed, V, n, stop):
+    """TV over variable-length sequences (length <= n, ending at EOS = V - 1 or at n) from the raw
+    tables of random_tabular_pair with context_len = 1, without padding or absorbing rows."""
+    raw = [np.exp(np.asarray(p.logprobs, np.float64)) for p in random_tabular_pair(seed, V, n, 1)]
+    eos = V - 1
+
+    def mass(table, s, seq):
+        prob, prev = 1.0, 0  # the table reads the context before the start as token 0
+        for i, token in enumerate(seq):
+            row = table[i, prev].copy()
+            row[eos] = 0.0
+            row = (1 - s) * row / row.sum()
+            prob *= s if token == eos else row[token]
+            prev = token
+        return prob
+
+    sequences = [seq + (eos,) for k in range(n) for seq in itertools.product(range(eos), repeat=k)]
+    sequences += list(itertools.product(range(eos), repeat=n))
+    masses = np.array([[mass(table, s, seq) for seq in sequences] for table, s in zip(raw, stop)])
+    assert np.allclose(masses.sum(axis=1), 1.0)
+    return 0.5 * np.abs(masses[0] - masses[1]).sum()
+
+
+@pytest.mark.parametrize("seed, V, n", [(0, 3, 4), (1, 4, 5)])
+def test_stopping_tabular_tv_equals_the_variable_length_sum(seed, V, n):
+    """Padded enumeration over V^n (what exact_tv does) against a sum over the sequences of
+    length <= n themselves: after EOS the pad is deterministic under both models."""
+    pi, mu = tvjax.instances.stopping_tabular_pair(seed=seed, vocab_size=V, n=n, stop_prob=(0.2, 0.35))
+    assert pi.eos_ids == mu.eos_ids == (V - 1,)
+    assert exact_tv(pi, mu) == pytest.approx(_stopped_tv_by_brute_force(seed, V, n, (0.2, 0.35)), abs=2e-6)
+
+
+def test_stopped_trajectories_pad_with_log_probability_zero_and_their_lengths():
+    from tvjax.currency import trajectory_lengths
+
+    pi, _ = tvjax.instances.stopping_tabular_pair(seed=1, n=6, stop_prob=(0.3, 0.3))
+    tokens = np.asarray(pi.sample(jax.random.key(0), 4096))
+    lengths = np.asarray(trajectory_lengths(tokens, pi.eos_ids))
+    logp = np.asarray(pi.path_logprobs(jnp.asarray(tokens)))
+    after = np.arange(pi.n)[None, :] >= lengths[:, None]
+    assert after.any() and np.all(tokens[after] == pi.eos_ids[0]) and np.all(logp[after] == 0.0)
+    assert np.all(np.isfinite(logp))
+    # P(length = 1) = 0.3: within 4.5 binomial standard errors.
+    assert abs(np.mean(lengths == 1) - 0.3) < 4.5 * np.sqrt(0.3 * 0.7 / 4096)
+    assert np.array_equal(np.asarray(trajectory_lengths(tokens, ())), np.full(4096, pi.n))
+
+
+def test_estimators_apply_unchanged_to_stopping_pairs():
+    """Algorithm 1 at exact logits on a stopping pair: within 4 standard errors of the
+    variable-length TV."""
+    pi, mu = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=5)
+    est = tvjax.estimate_tv(jax.random.key(0), pi, mu, "exact", eps=0.02, delta=0.05)
+    assert abs(float(est.value) - exact_tv(pi, mu)) < 4 * float(est.stderr)

@@ -218,7 +218,8 @@ def _all_sequences(V, n):
     return jnp.asarray(list(itertools.product(range(V), repeat=n)), jnp.int32)
 
 
-@pytest.mark.parametrize("settings", [{"temperature": 1.5, "eos_ids": (4,)}, {"top_k": 3, "top_p": 0.8}])
+@pytest.mark.parametrize("settings", [{"temperature": 1.5, "eos_ids": (4,)}, {"top_k": 3, "top_p": 0.8},
+                                      {"eos_ids": (2, 4), "eos": "stop"}])
 def test_samples_follow_path_logprobs(settings):
     """Chi-square of 20000 samples over all V**n = 125 continuations against exp(sum path_logprobs):
     cells with expected count < 5 pooled, dof = cells - 1, fixed seed, p-value >= 1e-3."""
@@ -238,6 +239,28 @@ def test_samples_follow_path_logprobs(settings):
         observed, expected = observed[:-1], expected[:-1]
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     assert stats.chi2.sf(chi2, len(observed) - 1) >= 1e-3
+
+
+def test_eos_stop_ends_a_row_at_its_first_eos_and_pads():
+    """eos="stop": EOS keeps its mass; after a row's first EOS every token is the pad (the first
+    EOS id) at log-probability 0, in the decode loop and in teacher forcing alike; the support
+    counts EOS; mixing stop and suppress sides is refused."""
+    model = random_model(TINY, jax.random.key(3))
+    lm = language_model(model, [1, 2], 6, eos_ids=(2, 4), eos="stop")
+    rows = np.asarray(lm.sample(jax.random.key(8), 4096))
+    logp = np.asarray(lm.path_logprobs(rows))
+    lengths = np.asarray(tvjax.currency.trajectory_lengths(rows, lm.eos_ids))
+    after = np.arange(lm.n)[None, :] >= lengths[:, None]
+    assert 0 < after.mean() < 1 and np.all(rows[after] == 2) and np.all(logp[after] == 0.0)
+    assert np.all(np.isfinite(logp)) and lm.max_support == TINY.vocab_size
+    suppressed = language_model(model, [1, 2], 6, eos_ids=(2, 4))
+    assert np.all(np.isin(np.asarray(suppressed.sample(jax.random.key(8), 256)), (2, 4), invert=True))
+    with pytest.raises(ValueError, match="EOS differently"):
+        check_lm_pair(lm, suppressed)
+    with pytest.raises(ValueError, match="needs EOS ids"):
+        language_model(model, [1, 2], 6, eos="stop")
+    with pytest.raises(ValueError, match="'suppress' or 'stop'"):
+        language_model(model, [1, 2], 6, eos_ids=(4,), eos="end")
 
 
 def test_greedy_decode_agrees_with_teacher_forcing():

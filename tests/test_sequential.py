@@ -1,7 +1,8 @@
 """Anytime-valid estimates and the gate: the betting confidence sequence covers a known mean at
 every step in at least 1 - delta of the seeds (on raw bounded data, and on the block and coin
 instances through every access model), the gate decides PASS on identical pairs and FAIL on
-distant ones within the budget (synthetic and SmolLM2), exit codes, and bad input."""
+distant ones within the budget (synthetic, trajectories that stop at EOS, and SmolLM2), exit
+codes, and bad input."""
 
 import importlib.util
 import json
@@ -175,3 +176,24 @@ def _with_eos(process, eos_ids):
     import dataclasses
 
     return dataclasses.replace(process, eos_ids=tuple(eos_ids))
+
+
+def test_gate_on_trajectories_that_stop_spends_queries_on_real_positions():
+    """A tabular pair stopping at EOS (TV over sequences of length <= n): the gate FAILs tau
+    below the TV and PASSes the pair against itself; each observation's queries count the real
+    positions of its two trajectories (sampling and scoring under both models: 3 per position),
+    fewer than the fixed-length 2 x 3 n."""
+    from tvjax.instances import stopping_tabular_pair
+
+    pi, mu = stopping_tabular_pair(seed=1, n=8, stop_prob=(0.2, 0.3))
+    truth = exact_tv(pi, mu)
+    far = gate(jax.random.key(0), pi, mu, tau=truth / 2, budget=1e7, round_size=512)
+    assert far.verdict == "FAIL" and far.estimate.low <= truth <= far.estimate.high
+    same = gate(jax.random.key(0), pi, pi, tau=0.05, budget=1e7, round_size=512)
+    assert same.verdict == "PASS"
+    estimate = far.estimate
+    per_observation = estimate.queries / estimate.observations
+    mean_length = lambda stop: (1 - (1 - stop) ** pi.n) / stop  # a geometric stop, truncated at n
+    expected = 3 * (mean_length(0.2) + mean_length(0.3))
+    # lengths have sd below 3 per trajectory: 4 standard errors of the mean over the observations
+    assert per_observation < 2 * 3 * pi.n and abs(per_observation - expected) < 4 * 3 * 3 * math.sqrt(2 / estimate.observations)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "rare_escape_pair": "tvjax.instances",
     "rare_escape_uniform_pair": "tvjax.instances",
     "coin_pair": "tvjax.instances",
+    "stopping_tabular_pair": "tvjax.instances",
     "random_tabular_pair": "tvjax.instances",
     "exact_tv": "tvjax.instances",
     # oracles

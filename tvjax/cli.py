@@ -10,7 +10,7 @@ import time
 import jax
 
 from tvjax.api import estimate_tv
-from tvjax.instances import coin_pair, exact_tv, paper_block_pair
+from tvjax.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
 from tvjax.jsonable import to_jsonable
 from tvjax.programs import enable_compilation_cache
 from tvjax.sequential import gate
@@ -86,6 +86,7 @@ PAIRS = {
     "block": "the paper's block pair (TV 0.388)",
     "identical": "the paper block's pi against itself (TV 0)",
     "coins": "64 independent coins Bern(1/2 +- 0.25/8) (TV 0.382)",
+    "stopping": "a tabular pair whose trajectories stop at EOS (n=6, stop 0.2 vs 0.3)",
     "lm": "two serving variants of a language model (--model, --pi/--mu KEY=VALUE)",
 }
 
@@ -98,9 +99,11 @@ def gate_pair(args):
         return pi, pi
     if args.pair == "coins":
         return coin_pair(64)
+    if args.pair == "stopping":
+        return stopping_tabular_pair()
     from tvjax.models.pairs import lm_pair  # flax and the weights only for this pair
 
-    return lm_pair(args.model, args.prompt, args.n, dict(args.pi), dict(args.mu))
+    return lm_pair(args.model, args.prompt, args.n, dict(args.pi), dict(args.mu), eos=args.eos)
 
 
 class _GateParser(argparse.ArgumentParser):
@@ -127,7 +130,9 @@ def gate_main(argv):
     parser.add_argument("--json", default=None, metavar="PATH", help="write the whole record here")
     parser.add_argument("--model", default="smollm2", help="lm pair: smollm2, a .gguf file or a Hugging Face folder")
     parser.add_argument("--prompt", default="Write a short poem about the sea.", help="lm pair: a user message")
-    parser.add_argument("--n", type=int, default=16, help="lm pair: continuation length")
+    parser.add_argument("--n", type=int, default=16, help="lm pair: continuation length (at most, with --eos stop)")
+    parser.add_argument("--eos", choices=("suppress", "stop"), default="suppress",
+                        help="lm pair: suppress EOS (the paper's n tokens) or stop a continuation at it, as served")
     parser.add_argument("--pi", type=_keyword, nargs="*", default=[], metavar="KEY=VALUE", help="lm pair: pi's variant")
     parser.add_argument("--mu", type=_keyword, nargs="*", default=[], metavar="KEY=VALUE", help="lm pair: mu's variant")
     parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off")
@@ -149,7 +154,7 @@ def gate_main(argv):
           f"(estimate {e.value:.4f}, bias bound {e.bias_bound:.4f}, support mismatch {e.mismatch_share:.3f}) after "
           f"{e.observations} observations, {e.queries:.3g} queries", flush=True)
     if args.json:
-        record = {"pair": args.pair, "access": args.access, "sigma": args.sigma, "seed": args.seed,
+        record = {"pair": args.pair, "access": args.access, "sigma": args.sigma, "seed": args.seed, "eos": args.eos,
                   "pi": dict(args.pi), "mu": dict(args.mu), **result._asdict()}
         with open(args.json, "w") as handle:
             json.dump(to_jsonable(record), handle, indent=2)

@@ -65,3 +65,16 @@ def likelihood_ratio_term(log_p_pi, log_p_mu):
 def log_clipped_mean(prob_sum, repeats, floor):
     """log of the r-average of probability draws, clipped to [floor, 1] (floor=0: a zero stays -inf)."""
     return jnp.log(jnp.clip(prob_sum / repeats, floor, 1.0))
+
+
+def trajectory_lengths(tokens, eos_ids):
+    """Real positions of each trajectory [num]: up to and including the first EOS token, n when
+    it never stops (or when eos_ids is empty). Positions after the EOS are padding, deterministic
+    under both models, and cost no query."""
+    tokens = jnp.asarray(tokens)
+    n = tokens.shape[-1]
+    if not eos_ids:
+        return jnp.full(tokens.shape[:-1], n, jnp.int32)
+    stops = jnp.isin(tokens, jnp.asarray(eos_ids))
+    first = jnp.argmax(stops, axis=-1)
+    return jnp.where(jnp.any(stops, axis=-1), first + 1, n).astype(jnp.int32)

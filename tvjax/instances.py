@@ -365,6 +365,7 @@ class TabularProcess:
     vocab_size: int
     context_len: int
     max_support: int
+    eos_ids: tuple = ()  # stop tokens, absorbing in the table (see stopping_tabular_pair)
 
     def _contexts(self, tokens):
         """Context index of every position [num, n]."""
@@ -420,7 +421,7 @@ class TabularProcess:
             return cls.from_logits(np.log(probs), context_len, temperature, top_k)
 
 
-_pytree(TabularProcess, ["n", "vocab_size", "context_len", "max_support"])
+_pytree(TabularProcess, ["n", "vocab_size", "context_len", "max_support", "eos_ids"])
 
 MAX_TABLE_ENTRIES = 50_000_000
 
@@ -460,6 +461,42 @@ def random_tabular_pair(
     pi = TabularProcess.from_logits(base, context_len, temperature[0], top_k[0])
     mu = TabularProcess.from_logits(perturbed, context_len, temperature[1], top_k[1])
     return pi, mu
+
+
+def _with_stop(probs, stop_prob, context_len):
+    """probs [n, V**c, V] with token EOS drawn with probability stop_prob at every step and
+    absorbing: after EOS (the context's last token) the next token is EOS with probability 1,
+    the deterministic pad of a stopped trajectory."""
+    V = probs.shape[-1]
+    eos = V - 1  # not 0: a table reads the context before the start as token 0
+    rest = probs.copy()
+    rest[..., eos] = 0.0
+    rest = (1.0 - stop_prob) * rest / rest.sum(axis=-1, keepdims=True)
+    rest[..., eos] = stop_prob
+    after_eos = np.arange(V**context_len) % V == eos  # the context's most recent token is EOS
+    rest[:, after_eos, :] = np.eye(V)[eos]
+    return rest
+
+
+def stopping_tabular_pair(seed=0, vocab_size=4, n=6, context_len=1, stop_prob=(0.2, 0.3), top_k=(None, None),
+                          temperature=(1.0, 1.0), logit_noise=0.0, logit_scale=2.0):
+    """A random tabular pair whose trajectories stop: the last token, V - 1, is EOS, drawn with probability
+    stop_prob[side] at every step (the other tokens share the rest as softmax(top_k(logits / T))),
+    and after it every position is EOS again with probability 1 (log-probability 0 under both
+    models), so a stopped trajectory is its tokens up to and including EOS, padded. The exact TV
+    (enumeration) is the TV over sequences of length <= n; every estimator and oracle applies
+    unchanged, and `tvjax.currency.trajectory_lengths` gives the real positions."""
+    V = check_positive_int("vocab_size", vocab_size, minimum=3)
+    context_len = check_positive_int("context_len", context_len, minimum=1)  # EOS is absorbing through the context
+    for stop in stop_prob:
+        check_range("stop_prob", stop, 0.0, 1.0, low_open=True, high_open=True)
+    pi, mu = random_tabular_pair(seed, V, n, context_len, top_k, temperature, logit_noise, logit_scale)
+    sides = []
+    for process, stop in zip((pi, mu), stop_prob):
+        probs = _with_stop(np.exp(np.asarray(process.logprobs, np.float64)), stop, context_len)
+        stopped = TabularProcess.from_probs(probs, context_len)
+        sides.append(dataclasses.replace(stopped, eos_ids=(V - 1,)))
+    return tuple(sides)
 
 
 # --------------------------------------------------------------------------- exact TV

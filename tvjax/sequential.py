@@ -38,7 +38,7 @@ import numpy as np
 
 from tvjax import cost
 from tvjax.api import resolve_oracle
-from tvjax.currency import mixture_z
+from tvjax.currency import Realized, mixture_z, trajectory_lengths
 from tvjax.validate import check_pair, check_positive_int, check_range
 
 BET_CAP = 0.5  # bets truncated to c / m and c / (1 - m): every factor of the capital stays >= 1 - c
@@ -120,18 +120,26 @@ class Round(NamedTuple):
     value: jax.Array
     increment: jax.Array
     mismatch: jax.Array
+    positions: jax.Array  # real positions of the round's trajectories (up to EOS), both sides
+
+
+def _real_positions(paths, process):
+    if isinstance(paths, Realized):  # a compact sampler: fixed-length trajectories
+        return jnp.asarray(paths.log_path[0].shape[0] * process.n, jnp.float32)
+    return jnp.sum(trajectory_lengths(paths, getattr(process, "eos_ids", ()))).astype(jnp.float32)
 
 
 def _symmetric_round(key, pi, mu, oracle, num, repeats, coarse):
-    z_sides, mismatch = [], []
+    z_sides, mismatch, positions = [], [], 0.0
     for side, k in zip((pi, mu), jax.random.split(key)):
         k_sample, k_score = jax.random.split(k)
         paths = oracle.trajectory_sampler(side, (pi, mu))(k_sample, num)
         log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (coarse, repeats))
         z_sides.append(mixture_z(log_pi, log_mu))  # [num, 2]: Z at r_c and at r, nested draws
         mismatch.append((jnp.isneginf(log_pi[:, 1]) | jnp.isneginf(log_mu[:, 1])).astype(jnp.float32))
+        positions = positions + _real_positions(paths, side)
     z = (z_sides[0] + z_sides[1]) / 2
-    return Round(z[:, 1], z[:, 1] - z[:, 0], (mismatch[0] + mismatch[1]) / 2)
+    return Round(z[:, 1], z[:, 1] - z[:, 0], (mismatch[0] + mismatch[1]) / 2, positions)
 
 
 _symmetric_round_program = jax.jit(_symmetric_round, static_argnames=("num", "repeats", "coarse"))
@@ -162,10 +170,11 @@ def default_repeats(noise, n, bias_target=0.02):
 
 def anytime_tv(key, pi, mu, access="exact", delta=0.05, budget=1e8, round_size=1024, sigma=None, scale=None,
                repeats=None):
-    """Rounds of `round_size` observations until the next round would pass `budget` queries:
+    """Rounds of `round_size` observations until the next round could pass `budget` queries:
     yields an AnytimeEstimate after every round (stop whenever: the interval holds at every
     round at once). An observation is one trajectory from each side, scored at `repeats` draws
-    per position (1 at exact logits; default `default_repeats` otherwise)."""
+    per position (1 at exact logits; default `default_repeats` otherwise). Trajectories that
+    stop at an EOS (`eos_ids`) spend queries on their real positions only."""
     check_pair(pi, mu)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     round_size = check_positive_int("round_size", round_size)
@@ -178,7 +187,7 @@ def anytime_tv(key, pi, mu, access="exact", delta=0.05, budget=1e8, round_size=1
     if not exact and repeats < 2:
         raise ValueError("noisy and sample-only access need repeats >= 2 (the bias bound compares r with r / 4)")
     coarse = max(1, math.ceil(repeats / 4))  # exact logits: r = r_c = 1, no increment
-    per_round = float(cost.symmetric_queries(round_size, pi.n, repeats))
+    per_round = float(cost.symmetric_queries(round_size, pi.n, repeats))  # at most: no trajectory stops early
     if per_round > budget:
         raise ValueError(f"budget={budget:.4g} queries is less than one round ({round_size} observations cost "
                          f"{per_round:.4g}); raise the budget or lower round_size")
@@ -199,7 +208,7 @@ def anytime_tv(key, pi, mu, access="exact", delta=0.05, budget=1e8, round_size=1
             bias_low, bias_high = max(bias_low, round_low), min(bias_high, round_high)
             largest_increment = max(abs(2 * bias_low - 1), abs(2 * bias_high - 1))
             bias = largest_increment / (math.sqrt(repeats / coarse) - 1)
-        spent += per_round
+        spent += float(cost.trajectory_queries(obs.positions, 1, repeats))  # queries of real positions only
         rounds += 1
         mismatches += float(jnp.sum(obs.mismatch))
         count = int(values.count)
@@ -232,9 +241,10 @@ def gate(key, pi, mu, tau, delta=0.05, budget=1e8, access="exact", round_size=10
     error probability at most delta."""
     check_range("tau", tau, 0.0, 1.0, low_open=True, high_open=True)
     check_range("budget", budget, 0.0, low_open=True)
-    if getattr(pi, "eos_ids", ()) != getattr(mu, "eos_ids", ()):
-        raise ValueError(f"pi and mu stop at different EOS tokens ({pi.eos_ids} vs {mu.eos_ids}): their "
-                         "continuations are not one sample space")
+    stops = [(getattr(side, "eos", None), getattr(side, "eos_ids", ())) for side in (pi, mu)]
+    if stops[0] != stops[1]:
+        raise ValueError(f"pi and mu treat EOS differently ({stops[0]} vs {stops[1]}): their continuations "
+                         "are not one sample space")
     estimate = None
     for estimate in anytime_tv(key, pi, mu, access, delta, budget, round_size, sigma, scale, repeats):
         if on_round is not None:

@@ -64,15 +64,15 @@ def chat_prompt(prompt, loaded):
     return list(prompt)
 
 
-def lm_pair(model="smollm2", prompt=DEFAULT_PROMPT, n=16, pi=None, mu=None, seed=0, eos_ids=None):
+def lm_pair(model="smollm2", prompt=DEFAULT_PROMPT, n=16, pi=None, mu=None, seed=0, eos_ids=None, eos="suppress"):
     """(pi, mu): two variants of one loaded model continuing `prompt` for n tokens.
 
     model: see `load_model`; prompt: a plain user string (chat-templated with the model's
     tokenizer), a list of {"role", "content"} messages, or token ids; pi, mu: dicts of
     `LanguageModel.variant` keywords applied to the float32 base (None or {} is the base itself);
-    seed: the weights of a random model; eos_ids: as in `language_model`."""
+    seed: the weights of a random model; eos_ids, eos: as in `language_model`."""
     loaded = load_model(model, seed)
-    base = language_model(loaded, chat_prompt(prompt, loaded), n, eos_ids=eos_ids)
+    base = language_model(loaded, chat_prompt(prompt, loaded), n, eos_ids=eos_ids, eos=eos)
     sides = []
     for name, changes in (("pi", pi), ("mu", mu)):
         changes = dict(changes or {})

@@ -3,8 +3,9 @@
 The prompt's KV cache and its last logits are computed once (per compute dtype) and read by every
 row; `sample` is a jitted KV-cache decode loop, `path_logprobs` / `next_token_logprobs` one
 teacher-forced pass over the batch. Both use the same sampling distribution: EOS ids suppressed
-(logit -inf, as in the paper: continuations have exactly n tokens), then temperature, tie-inclusive
-top-k and top-p, renormalized; -inf outside the support.
+(logit -inf, as in the paper: continuations have exactly n tokens; eos="stop" keeps them and pads
+a row after its first EOS), then temperature, tie-inclusive top-k and top-p, renormalized; -inf
+outside the support.
 
 Variants (`LanguageModel.variant`) change the sampling settings or how the model is served
 (`Serving`: compute dtype, weight format, KV-cache dtype, attention chunking) and share the loaded
@@ -181,6 +182,12 @@ class LanguageModel:
     max_chunk_rows: int  # tvjax.streaming.memory_chunk never puts more rows in one chunk
     vocab_id: Optional[str]  # the tokenizer's vocabulary hash (None without a tokenizer)
     source: Optional[str]  # the GGUF file of the weights (None: not from a GGUF file)
+    eos: str = "suppress"  # "suppress": EOS ids get no mass (the paper's n tokens); "stop": a row ends at EOS
+
+    @property
+    def suppressed_eos(self):
+        """The EOS ids the sampling distribution removes: all of them under eos="suppress"."""
+        return self.eos_ids if self.eos == "suppress" else ()
 
     @property
     def dtype(self):
@@ -236,7 +243,7 @@ class LanguageModel:
         serving = check_serving(self.serving._replace(**{k: v for k, v in changes.items() if k in Serving._fields}),
                                 self.config, self.source)
         out = dataclasses.replace(self, sampling=sampling, max_support=_max_support(sampling, self.vocab_size,
-                                                                                    self.eos_ids))
+                                                                                    self.suppressed_eos))
         if "max_chunk_rows" in changes:
             out = dataclasses.replace(out, max_chunk_rows=_positive_int("max_chunk_rows", changes["max_chunk_rows"]))
         return out if serving == self.serving else _served(out, serving)
@@ -246,7 +253,7 @@ jax.tree_util.register_dataclass(
     LanguageModel,
     data_fields=["state", "base_state", "first_logits", "prompt_keys", "prompt_values"],
     meta_fields=["graphdef", "base_graphdef", "config", "prompt", "n", "vocab_size", "max_support", "sampling",
-                 "eos_ids", "serving", "max_chunk_rows", "vocab_id", "source"],
+                 "eos_ids", "serving", "max_chunk_rows", "vocab_id", "source", "eos"],
 )
 
 
@@ -263,9 +270,29 @@ def _served(lm, serving):
                                prompt_keys=keys, prompt_values=values)
 
 
+def after_eos(logprobs, stopped, eos_ids):
+    """logprobs [..., V] where `stopped` (an EOS among the earlier tokens) is False; where it is
+    True, the pad: the first EOS id with probability 1 (a stopped row repeats it to the end)."""
+    if not eos_ids:
+        return logprobs
+    pad = jnp.full(logprobs.shape[-1], -jnp.inf, jnp.float32).at[eos_ids[0]].set(0.0)
+    return jnp.where(stopped[..., None], pad, logprobs)
+
+
+def stopped_before(tokens, eos_ids):
+    """bool [num, n]: an EOS id among x_<t (False everywhere without EOS ids)."""
+    if not eos_ids:
+        return jnp.zeros(tokens.shape, bool)
+    hits = jnp.isin(tokens, jnp.asarray(eos_ids)).astype(jnp.int32)
+    return (jnp.cumsum(hits, axis=-1) - hits) > 0
+
+
 @jax.jit
 def _next_token_logprobs(lm, tokens):
-    return sampling_logprobs(lm._logits(tokens), lm.sampling, lm.eos_ids)
+    logprobs = sampling_logprobs(lm._logits(tokens), lm.sampling, lm.suppressed_eos)
+    if lm.eos == "stop":
+        logprobs = after_eos(logprobs, stopped_before(tokens, lm.eos_ids), lm.eos_ids)
+    return logprobs
 
 
 @jax.jit
@@ -283,20 +310,28 @@ def decode_loop(lm, key, targets, choose):
     P, n = len(lm.prompt), lm.n
     num = targets.shape[0]
     keys = jax.random.split(key, n)
-    distribution = lambda logits: sampling_logprobs(logits, lm.sampling, lm.eos_ids)
-    token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size))), targets[:, 0])
+    stopping = lm.eos_ids if lm.eos == "stop" else ()
+    # A row that has emitted EOS (eos="stop") is past its end: its distribution is the pad's.
+    distribution = lambda logits, stopped: after_eos(sampling_logprobs(logits, lm.sampling, lm.suppressed_eos),
+                                                     stopped, stopping)
+    ends = lambda token: jnp.isin(token, jnp.asarray(stopping)) if stopping else jnp.zeros(token.shape, bool)
+    not_yet = jnp.zeros((num,), bool)
+    token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), not_yet),
+                          targets[:, 0])
     shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
 
     def step(carry, xs):
-        cache_k, cache_v, token = carry
+        cache_k, cache_v, token, stopped = carry
         t, k, target = xs
+        stopped = stopped | ends(token)
         own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
         logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
         cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
-        token, record = choose(k, distribution(logits[:, 0]), target)
-        return (cache_k, cache_v, token), record
+        token, record = choose(k, distribution(logits[:, 0], stopped), target)
+        return (cache_k, cache_v, token, stopped), record
 
-    _, rest = jax.lax.scan(step, (*lm.decode_cache(num), token), (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
+    start = (*lm.decode_cache(num), token, not_yet)
+    _, rest = jax.lax.scan(step, start, (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
     # rest: [n - 1, num, ...] per record; the steps go on axis 1, after the rows
     return jax.tree.map(lambda f, r: jnp.concatenate([f[:, None], jnp.moveaxis(r, 0, 1)], axis=1), first, rest)
 
@@ -325,11 +360,14 @@ def _max_support(sampling, vocab_size, eos_ids):
 
 def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, dtype="float32", eos_ids=None,
                    max_chunk_rows=None, weights="full", kv_cache_dtype=None, attention_chunk=None,
-                   group_size=DEFAULT_GROUP_SIZE):
+                   group_size=DEFAULT_GROUP_SIZE, eos="suppress"):
     """A LanguageModel over `model` (a LoadedModel): continuations of n tokens of `prompt` (a
     string or chat messages, with the model's tokenizer, or token ids). `eos_ids` defaults to the
     tokenizer's (none without one); `max_chunk_rows` to what CHUNK_LOGITS allows, at most 256;
-    dtype, weights, kv_cache_dtype, attention_chunk and group_size: see Serving."""
+    dtype, weights, kv_cache_dtype, attention_chunk and group_size: see Serving. eos="suppress"
+    (the paper's protocol) gives EOS ids no mass, so every continuation has n tokens; eos="stop"
+    keeps their mass and ends a row at its first EOS, padded with the first EOS id (probability
+    1 under every variant), as served."""
     config = model.config
     n = _positive_int("n", n)
     if isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt):
@@ -348,6 +386,10 @@ def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, 
     if eos_ids is None:
         eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else ()
     eos_ids = tuple(sorted({int(e) for e in eos_ids}))
+    if eos not in ("suppress", "stop"):
+        raise ValueError(f"eos must be 'suppress' or 'stop', got {eos!r}")
+    if eos == "stop" and not eos_ids:
+        raise ValueError("eos='stop' needs EOS ids: this model's tokenizer declares none, pass eos_ids")
     if any(not 0 <= e < config.vocab_size for e in eos_ids) or len(eos_ids) >= config.vocab_size:
         raise ValueError(f"eos_ids {eos_ids} must be distinct ids in [0, {config.vocab_size}) leaving some token")
     sampling = check_sampling(Sampling(temperature, top_k, top_p), config.vocab_size)
@@ -358,9 +400,10 @@ def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, 
     graphdef, state = serving_weights(model.graphdef, model.state, weights, config, group_size, source)
     first, keys, values = prefill(graphdef, state, ids, serving)
     vocab_id = None if model.tokenizer is None else model.tokenizer.vocab_id
+    suppressed = eos_ids if eos == "suppress" else ()
     return LanguageModel(state, model.state, first, keys, values, graphdef, model.graphdef, config, tuple(ids), n,
-                         config.vocab_size, _max_support(sampling, config.vocab_size, eos_ids), sampling, eos_ids,
-                         serving, _positive_int("max_chunk_rows", max_chunk_rows), vocab_id, source)
+                         config.vocab_size, _max_support(sampling, config.vocab_size, suppressed), sampling, eos_ids,
+                         serving, _positive_int("max_chunk_rows", max_chunk_rows), vocab_id, source, eos)
 
 
 def check_lm_pair(pi, mu):
@@ -373,4 +416,7 @@ def check_lm_pair(pi, mu):
     if pi.vocab_id != mu.vocab_id:
         raise ValueError("the two sides have different tokenizers (vocabulary hashes differ): "
                          "their token ids do not name the same strings")
+    if (pi.eos, pi.eos_ids) != (mu.eos, mu.eos_ids):
+        raise ValueError(f"the two sides treat EOS differently ({pi.eos} {pi.eos_ids} vs {mu.eos} {mu.eos_ids}): "
+                         "their continuations are not one sample space")
     return pi, mu
