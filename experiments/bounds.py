@@ -276,10 +276,12 @@ def single_point_jobs(sweep_dir):
     return [job for job in jobs if job.get("study") == "bounds" and job["results"].get("point") is not None]
 
 
-def summarize_sweep(sweep_dir):
-    """Fit the exponents from a multirun folder of single-point jobs: exponents.json,
-    exponents.csv, points.csv and the figures, beside the jobs. Returns the exponent table."""
-    sweep_dir, jobs = Path(sweep_dir), single_point_jobs(sweep_dir)
+def summarize_sweep(sweep_dir, jobs=None):
+    """Fit the exponents from a multirun folder of single-point jobs (their records, when the
+    caller has read them): exponents.json, exponents.csv, points.csv and the figures, beside the
+    jobs. Returns the exponent table."""
+    sweep_dir = Path(sweep_dir)
+    jobs = single_point_jobs(sweep_dir) if jobs is None else jobs
     if not jobs:
         raise ConfigError(f"no single-point bounds jobs (study.point=<index>) under {sweep_dir}")
     settings = {key: {job["results"][key] for job in jobs} for key in ("bootstrap", "hard_instance", "grid_points")}
@@ -307,8 +309,9 @@ class BoundsSummary(Callback):
     (a multirun over whole grids, e.g. experiment=bounds,bounds_coins, has nothing to add)."""
 
     def on_multirun_end(self, config, **kwargs):
-        if single_point_jobs(config.hydra.sweep.dir):
-            summarize_sweep(config.hydra.sweep.dir)
+        jobs = single_point_jobs(config.hydra.sweep.dir)
+        if jobs:
+            summarize_sweep(config.hydra.sweep.dir, jobs)
 
 
 # --------------------------------------------------------------------------- figures

@@ -190,6 +190,11 @@ class LanguageModel:
         return self.eos_ids if self.eos == "suppress" else ()
 
     @property
+    def stopping_eos(self):
+        """The EOS ids that end a row: all of them under eos="stop", none under "suppress"."""
+        return self.eos_ids if self.eos == "stop" else ()
+
+    @property
     def dtype(self):
         """The compute dtype's name (serving.dtype)."""
         return self.serving.dtype
@@ -279,20 +284,21 @@ def after_eos(logprobs, stopped, eos_ids):
     return jnp.where(stopped[..., None], pad, logprobs)
 
 
+def _is_eos(tokens, eos_ids):
+    """bool, the shape of tokens: an EOS id (False everywhere without EOS ids)."""
+    return jnp.isin(tokens, jnp.asarray(eos_ids)) if eos_ids else jnp.zeros(tokens.shape, bool)
+
+
 def stopped_before(tokens, eos_ids):
     """bool [num, n]: an EOS id among x_<t (False everywhere without EOS ids)."""
-    if not eos_ids:
-        return jnp.zeros(tokens.shape, bool)
-    hits = jnp.isin(tokens, jnp.asarray(eos_ids)).astype(jnp.int32)
+    hits = _is_eos(tokens, eos_ids).astype(jnp.int32)
     return (jnp.cumsum(hits, axis=-1) - hits) > 0
 
 
 @jax.jit
 def _next_token_logprobs(lm, tokens):
     logprobs = sampling_logprobs(lm._logits(tokens), lm.sampling, lm.suppressed_eos)
-    if lm.eos == "stop":
-        logprobs = after_eos(logprobs, stopped_before(tokens, lm.eos_ids), lm.eos_ids)
-    return logprobs
+    return after_eos(logprobs, stopped_before(tokens, lm.stopping_eos), lm.stopping_eos)
 
 
 @jax.jit
@@ -310,11 +316,10 @@ def decode_loop(lm, key, targets, choose):
     P, n = len(lm.prompt), lm.n
     num = targets.shape[0]
     keys = jax.random.split(key, n)
-    stopping = lm.eos_ids if lm.eos == "stop" else ()
+    stopping = lm.stopping_eos
     # A row that has emitted EOS (eos="stop") is past its end: its distribution is the pad's.
     distribution = lambda logits, stopped: after_eos(sampling_logprobs(logits, lm.sampling, lm.suppressed_eos),
                                                      stopped, stopping)
-    ends = lambda token: jnp.isin(token, jnp.asarray(stopping)) if stopping else jnp.zeros(token.shape, bool)
     not_yet = jnp.zeros((num,), bool)
     token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), not_yet),
                           targets[:, 0])
@@ -323,7 +328,7 @@ def decode_loop(lm, key, targets, choose):
     def step(carry, xs):
         cache_k, cache_v, token, stopped = carry
         t, k, target = xs
-        stopped = stopped | ends(token)
+        stopped = stopped | _is_eos(token, stopping)
         own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
         logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
         cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
