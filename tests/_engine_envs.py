@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV_VARS = {"transformers": "TVJAX_TRANSFORMERS_PYTHON", "vllm": "TVJAX_VLLM_PYTHON"}
+ENV_VARS = {"transformers": "TVJAX_TRANSFORMERS_PYTHON", "vllm": "TVJAX_VLLM_PYTHON", "met": "TVJAX_MET_PYTHON"}
 
 
 def require(present: bool, reason: str) -> None:
@@ -50,10 +50,17 @@ MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Tell me a story about a robot learning to paint."}]
 
 
-def build_tiny_model(folder: Path) -> Path:
+# EOS row scale of the tiny model for eos=stop tests: with top-k 8 about half of the rows stop within
+# 12 tokens, at lengths spread over 1..12 (measured on 64 rows: 27 reach 12, the rest 1-11)
+STOP_EOS_SCALE = 2.5
+EOS_ID = 2  # the tiny model's <|im_end|>
+
+
+def build_tiny_model(folder: Path, eos_scale: float = 1.0) -> Path:
     """The tiny random Llama of tvjax.engines.tiny_model, built by the transformers venv."""
     if not (folder / "config.json").is_file():
-        run_in(engine_python("transformers"), ["-m", "tvjax.engines.tiny_model", str(folder)], timeout=300)
+        run_in(engine_python("transformers"), ["-m", "tvjax.engines.tiny_model", str(folder),
+                                               "--eos-scale", str(eos_scale)], timeout=300)
     return folder
 
 
@@ -80,3 +87,23 @@ def check_own_side(pool, side: str, scorer: str, tol: float) -> float:
     deviation = float(np.abs(lp - pool.sample_logprobs[side][:, :, None]).max())
     assert deviation <= tol, f"{scorer} replay vs sampling-time log-probs differ by {deviation} > {tol}"
     return deviation
+
+
+def check_stopped_pool(pool, side: str, scorers) -> None:
+    """A side of a pool whose outputs stop at EOS: lengths vary and match the tokens, the EOS step's
+    draw is finite under every scorer (its probability is recorded), every padded position is 0."""
+    import numpy as np
+
+    from tvjax import pools
+
+    lengths, tokens, n = pool.lengths[side], pool.tokens[side], pool.spec.n
+    assert np.array_equal(lengths, pools.stopped_lengths(tokens, pool.spec.eos_ids))
+    assert len(set(lengths.tolist())) >= 2 and (lengths < n).any(), f"lengths {lengths} do not vary"
+    stopped = np.flatnonzero(lengths < n)
+    assert (tokens[stopped, lengths[stopped] - 1] == EOS_ID).all()
+    padded = pools.padded_positions(lengths, n)
+    assert (pool.sample_logprobs[side][padded] == 0).all()
+    for scorer in scorers:
+        lp = pool.logprobs[side][scorer]
+        assert np.isfinite(lp[stopped, lengths[stopped] - 1]).all()
+        assert (lp[padded] == 0).all() and (pool.topk_ids[side][scorer][padded] == EOS_ID).all()

@@ -261,3 +261,60 @@ def test_multilevel_on_an_exactly_identical_pair_is_finite(tmp_path):
     res = evaluate_multilevel(load_pool(tmp_path / "same"), pilot_size=20, num_pilots=3, hygiene=FEW)
     assert np.all(res.rmse_multilevel == 0) and res.rmse_ratio == 1.0 and res.saving_pilot is None
     json.dumps(to_jsonable(res), allow_nan=False)
+
+
+STOP_SIGMA = 0.05  # additive noise: small against the table's smallest probabilities (0.07)
+
+
+@pytest.fixture(scope="module")
+def stopping_pool(tmp_path_factory):
+    """A tabular pair whose outputs stop at EOS (token 3), noisy scoring with a full readout:
+    TV over sequences of length <= n by enumeration."""
+    from tvjax.instances import stopping_tabular_pair
+
+    pi, mu = stopping_tabular_pair(seed=2, vocab_size=4, n=6, stop_prob=(0.2, 0.35), logit_scale=0.5)
+    path = tmp_path_factory.mktemp("pools") / "stopping"
+    write_synthetic_pool(jax.random.key(5), path, pi, mu, Noisy(STOP_SIGMA), num_per_side=2000, repeats=8, top_k=4)
+    return path, exact_tv(pi, mu)
+
+
+def test_stopping_pool_holds_lengths_and_the_tv_of_whole_outputs(stopping_pool):
+    from tvjax.pools import padded_positions, stopped_lengths
+
+    path, truth = stopping_pool
+    pool = load_pool(path)
+    assert pool.spec.eos_ids == (3,)
+    for side in ("pi", "mu"):
+        lengths = pool.lengths[side]
+        assert np.array_equal(lengths, stopped_lengths(pool.tokens[side], (3,)))
+        assert 0.3 < np.mean(lengths < 6) < 0.95  # many rows stop early, at different lengths
+        padded = padded_positions(lengths, 6)
+        assert np.all(pool.tokens[side][padded] == 3)
+        for scorer in ("pi", "mu"):  # the pad is deterministic under every scorer, noise or not
+            assert np.all(pool.logprobs[side][scorer][padded] == 0.0)
+    res = tv_estimate(pool)
+    assert abs(res.value - truth) < 4 * res.stderr  # the plug-in's bias at sigma 0.05, r = 8 is far below it
+    positions = sum(int(pool.lengths[s].sum()) for s in ("pi", "mu"))
+    assert res.queries == positions * (1 + 2 * 8)  # real positions only
+    assert tv_by_prefix(pool).value[-1] == pytest.approx(res.value, abs=1e-12)
+
+
+def test_stopping_pool_statistics_leave_the_pad_out(stopping_pool):
+    pool = load_pool(stopping_pool[0])
+    positions = sum(int(pool.lengths[s].sum()) for s in ("pi", "mu"))
+    cal = calibrate_sigma(pool, "pi", FEW)
+    assert cal.num_cells == positions and cal.nondegenerate_fraction == 1.0  # every real cell, no pad
+    # over a full readout of V = 4 ids this oracle's covariance gives (V - 1) sigma^2 per cell
+    assert abs(cal.union_sigma2 - 3 * STOP_SIGMA**2) < 4 * cal.union_sigma2_stderr
+    union = support_union(pool, "pi", FEW)
+    assert union.mean[0] == pytest.approx(4.0)  # four live ids at every real cell; the pad's single id stays out
+    rates = zero_mass_rates(pool)
+    assert rates.position["pi"]["pi"] == 0.0
+
+
+def test_report_of_a_stopping_pool_states_the_lengths(stopping_pool, tmp_path):
+    report_main([str(stopping_pool[0]), "--out", str(tmp_path), "--permutations", "2"])
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Outputs stop at EOS [3]" in summary and "stopped before n" in summary
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results["lengths"]["pi"]) == 2000

@@ -330,3 +330,34 @@ def test_estimators_apply_unchanged_to_stopping_pairs():
     pi, mu = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=5)
     est = tvjax.estimate_tv(jax.random.key(0), pi, mu, "exact", eps=0.02, delta=0.05)
     assert abs(float(est.value) - exact_tv(pi, mu)) < 4 * float(est.stderr)
+
+
+def test_estimators_spend_queries_on_real_positions_of_stopping_pairs():
+    """Every estimator on a stopping pair reports the queries of the positions it drew: about the
+    mean length (from the tokens) in place of n, and exactly n on a fixed-length pair."""
+    from tvjax.currency import trajectory_lengths
+    from tvjax.estimators import REGISTRY
+    from tvjax.schedules import Level, Samples, Schedule
+
+    pi, mu = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6, stop_prob=(0.3, 0.3))
+    tokens = np.asarray(pi.sample(jax.random.key(9), 20000))
+    mean_length = float(np.mean(np.asarray(trajectory_lengths(tokens, pi.eos_ids))))
+    assert 2.0 < mean_length < 4.0  # stop probability 0.3 per step: far below n = 6
+    num = 4000
+    sizes = {"likelihood_ratio": Samples(num, 2), "plugin": Level(num // 2, 2), "multilevel": Schedule((num // 2,), (2,))}
+    for name, size in sizes.items():
+        est = REGISTRY[name].fn(jax.random.key(1), pi, mu, tvjax.Noisy(0.01), size)
+        fixed = REGISTRY[name].queries(size, pi.n)
+        share = float(est.queries) / fixed
+        # the mean length of 4000 trajectories, within 5 of its standard errors (length sd < 2)
+        assert abs(share - mean_length / pi.n) < 5 * 2.0 / np.sqrt(num) / pi.n, name
+    flat, _ = tvjax.instances.random_tabular_pair(3, vocab_size=4, n=6)
+    est = REGISTRY["plugin"].fn(jax.random.key(1), flat, flat, tvjax.Exact(), Level(1000))
+    assert float(est.queries) == REGISTRY["plugin"].queries(Level(1000), 6)
+
+
+def test_estimators_refuse_sides_that_stop_differently():
+    pi, _ = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6)
+    flat, _ = tvjax.instances.random_tabular_pair(2, vocab_size=4, n=6)
+    with pytest.raises(ValueError, match="stop at different EOS ids"):
+        tvjax.estimate_tv(jax.random.key(0), pi, flat, "exact", eps=0.1, delta=0.1)

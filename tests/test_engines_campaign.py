@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from _engine_envs import ROOT, build_tiny_model, engine_python
+from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_python
 from hydra import compose, initialize_config_dir
 
 from tvjax import pools
@@ -23,6 +23,29 @@ def test_engine_experiments_compose(experiment):
         cfg = compose(config_name="engine_campaign", overrides=[f"experiment={experiment}"])
     assert cfg.pi.name != cfg.mu.name and (cfg.pi.seed, cfg.mu.seed) == (0, 1)
     assert cfg.pi.kind in ("transformers", "vllm") and cfg.campaign.scoring == "replay"
+    assert cfg.campaign.eos == cfg.pi.eos == cfg.mu.eos == "suppress"  # the paper's protocol by default
+
+
+def campaign_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_campaign", ROOT / "experiments" / "engine_campaign.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_campaign_eos_sets_both_engines_and_a_side_alone_is_refused():
+    app = campaign_module()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        stop = compose(config_name="engine_campaign", overrides=["campaign.eos=stop"])
+        alone = compose(config_name="engine_campaign", overrides=["pi.eos=stop"])
+        wrong = compose(config_name="engine_campaign", overrides=["campaign.eos=truncate"])
+    assert (stop.pi.eos, stop.mu.eos, app.eos_mode(stop)) == ("stop", "stop", "stop")
+    with pytest.raises(app.CampaignError, match="both engines must treat EOS alike"):
+        app.eos_mode(alone)
+    with pytest.raises(app.CampaignError, match="campaign.eos must be one of"):
+        app.eos_mode(wrong)
 
 
 GPU_RECIPE = ["engine@pi=vllm", "engine@mu=sglang", "pi.name=vllm", "mu.name=sglang", "campaign.model=/models/Qwen3-0.6B",
@@ -44,10 +67,10 @@ def test_every_engine_config_composes():
             assert cfg.mu.kind == kind and cfg.mu.python.endswith("python")
 
 
-def campaign_cmd(model, pool, run_dir, report: bool) -> list[str]:
+def campaign_cmd(model, pool, run_dir, report: bool, n=8, repeats=4) -> list[str]:
     t = engine_python("transformers")
     return [sys.executable, "experiments/engine_campaign.py", "experiment=engine_fp32_vs_bf16",
-            f"campaign.model={model}", "campaign.num_per_side=8", "campaign.n=8", "campaign.repeats=4",
+            f"campaign.model={model}", "campaign.num_per_side=8", f"campaign.n={n}", f"campaign.repeats={repeats}",
             "pi.top_k=8", "mu.top_k=8", "mu.dtype=float32", "mu.attn_implementation=eager", "mu.name=hf_eager",
             f"pi.python={t}", f"mu.python={t}", f"campaign.convert_python={t}", f"campaign.pool={pool}",
             f"campaign.report={str(report).lower()}", f"hydra.run.dir={run_dir}"]
@@ -86,3 +109,23 @@ def test_killed_campaign_resumes_to_the_same_pool(tmp_path):
     after = {f.name: f.read_text() for f in (killed / "commits").glob("*.json")}
     assert len(after) == 2 + 4 * 4
     assert all(after[name] == marker for name, marker in before.items())  # committed shards were not redone
+
+
+def test_a_campaign_of_outputs_that_stop_at_eos(tmp_path):
+    """campaign.eos=stop: the pool is created with the EOS ids the worker's --describe-eos finds,
+    both engines stop at EOS, the metadata says so; a rerun resumes (nothing redone) and a rerun
+    with campaign.eos=suppress on that pool is refused."""
+    model = build_tiny_model(tmp_path / "model", eos_scale=STOP_EOS_SCALE)
+    pool = tmp_path / "run" / "pool"
+    cmd = campaign_cmd(model, pool, tmp_path / "run", report=False, n=12, repeats=1) + ["campaign.eos=stop"]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=900)
+    loaded = pools.load_pool(pool)
+    assert loaded.spec.eos_ids == (EOS_ID,) and loaded.metadata["eos_ids"] == [EOS_ID]
+    assert loaded.metadata["eos"] == "stop" and loaded.metadata["eos_suppressed"] is False
+    for side in pools.SIDES:
+        check_stopped_pool(loaded, side, loaded.spec.scorers)
+    before = {f.name: f.read_text() for f in (pool / "commits").glob("*.json")}
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=900, capture_output=True)
+    assert {f.name: f.read_text() for f in (pool / "commits").glob("*.json")} == before
+    refused = subprocess.run(cmd[:-1], cwd=ROOT, timeout=900, capture_output=True, text=True)
+    assert refused.returncode != 0 and "differs from requested" in refused.stderr

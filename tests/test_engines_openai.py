@@ -1,6 +1,8 @@
 """The OpenAI-compatible bridge against vLLM's OpenAI server, started by the test on 127.0.0.1 with
-the tiny random Llama (loopback only; bounded requests: 3 completions + 3*6 per-prefix requests under
-a budget of 40, a budget refusal, and 3 completions + 3 echo requests for the sequence-level scorer).
+the tiny random Llama whose EOS is often likely (STOP_EOS_SCALE), so that eos=stop outputs stop
+early (loopback only; bounded requests: 3 completions + 3*6 per-prefix requests under a budget of
+40, a budget refusal, 3 completions + 3 echo requests for the sequence-level scorer, and under
+eos=stop 4 completions + one request per real position, at most 4*8).
 
 Tolerance (measured, fp32): the per-prefix readouts (prefill path, raw log-probs renormalized over
 top-k without EOS) agree with the sampling-time readouts of the completions (decode path) to < 1e-5
@@ -10,12 +12,14 @@ top-k without EOS) agree with the sampling-time readouts of the completions (dec
 import json
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from _engine_envs import ROOT, build_tiny_model, engine_env, engine_python, run_job
+from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_env, engine_python, run_job
 
 from tvjax import pools
 
@@ -43,7 +47,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     python = engine_python("vllm")
-    model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", eos_scale=STOP_EOS_SCALE)
     port = free_port()
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
     env = dict(engine_env(), VLLM_CPU_KVCACHE_SPACE="1")
@@ -64,15 +68,15 @@ def server(tmp_path_factory):
         log.close()
 
 
-def api_engine(server, tmp_path, max_requests: int) -> tuple:
+def api_engine(server, tmp_path, max_requests: int, n=6, num=3, eos="suppress") -> tuple:
     """A small pool (3 trajectories of 6 tokens) and the engine config of the local server."""
     url, model = server
     pool_path = tmp_path / "pool"
-    pools.create_pool(pool_path, n=6, num_per_side=3, repeats=1, scorers=("api", "other"), top_k=8,
-                      sample_logprobs=True)
+    pools.create_pool(pool_path, n=n, num_per_side=num, repeats=1, scorers=("api", "other"), top_k=8,
+                      sample_logprobs=True, eos_ids=(EOS_ID,) if eos == "stop" else ())
     engine = {"kind": "openai", "name": "api", "model": str(model), "base_url": url, "served_model": "tiny",
               "top_k": 8, "seed": 0, "max_requests": max_requests, "requests_per_second": 50, "max_retries": 2,
-              "timeout_s": 60, "max_concurrency": 4}
+              "timeout_s": 60, "max_concurrency": 4, "eos": eos}
     return pool_path, engine
 
 
@@ -99,3 +103,42 @@ def test_openai_sequence_level_scorer_uses_echo(server, tmp_path):
     group = __import__("zarr").open_group(str(pool_path), mode="r")
     lp, slp = np.asarray(group["logprobs/pi/api"][:, :, 0]), np.asarray(group["sample_logprobs/pi"][:])
     assert np.isfinite(lp).all() and np.abs(lp - slp).max() <= 1e-3
+
+
+def test_openai_bridge_with_outputs_that_stop_at_eos(server, tmp_path):
+    """eos=stop: the server stops completions at EOS (no logit_bias, no ignore_eos); per-prefix
+    readouts are requested for real positions only and keep EOS, so the EOS step is scored."""
+    pool_path, engine = api_engine(server, tmp_path, max_requests=4 + 4 * 8, n=8, num=4, eos="stop")
+    run_job(engine_python("vllm"), pool_path, engine, [("sample", "pi"), ("score", "pi")])
+    spec, _ = pools.read_spec(pool_path)
+    group = __import__("zarr").open_group(str(pool_path), mode="r")
+    lp, slp = np.asarray(group["logprobs/pi/api"][:, :, 0]), np.asarray(group["sample_logprobs/pi"][:])
+    assert np.isfinite(lp).all() and np.abs(lp - slp).max() <= 1e-3
+    side = SimpleNamespace(spec=spec, lengths={"pi": pools.read_lengths(pool_path, "pi")},
+                           tokens={"pi": pools.read_tokens(pool_path, "pi")}, sample_logprobs={"pi": slp},
+                           logprobs={"pi": {"api": lp[:, :, None]}},
+                           topk_ids={"pi": {"api": np.asarray(group["topk_ids/pi/api"][:])}})  # mu is not sampled
+    check_stopped_pool(side, "pi", ("api",))
+
+
+def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server, tmp_path):
+    """`tvjax distinguish` against two text-only chat endpoints (the local server, sampling at
+    temperature 1 for pi and greedily, top_k 1, for mu): chat completions without
+    log-probabilities, UTF-8 bytes as tokens. Greedy decoding gives one text, so nearly every
+    sampled completion differs from it: the certified bound is far above 0. A rerun reuses the
+    stored completions (no requests: it works with the server's URL unreachable)."""
+    url, _ = server
+    samples, record = tmp_path / "texts.jsonl", tmp_path / "bound.json"
+    args = ["--pi-model", "tiny", "--mu-model", "tiny", "--mu-extra", '{"top_k": 1}', "--num", "120",
+            "--max-tokens", "6", "--samples", str(samples), "--json", str(record)]
+    first = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", url, "--mu-url", url, *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0 and first.stdout.startswith("TV >= "), first.stdout + first.stderr[-2000:]
+    result = json.loads(record.read_text())
+    assert result["lower_bound"] > 0.5 and result["pi_test"] == result["mu_test"] == 60
+    stored = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(stored) == 240 and len({r["text"] for r in stored if r["side"] == "mu"}) == 1  # greedy: one text
+    offline = "http://127.0.0.1:9/v1"  # nothing listens: only the stored completions can answer
+    again = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", offline, "--mu-url", offline, *args],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and json.loads(record.read_text())["lower_bound"] == result["lower_bound"]

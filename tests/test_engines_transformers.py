@@ -8,7 +8,17 @@ bit for bit (deviation 0; asserted <= 1e-5); eager vs sdpa attention differ by <
 
 import numpy as np
 import pytest
-from _engine_envs import build_tiny_model, check_own_side, engine_python, require, run_in, run_job
+from _engine_envs import (
+    EOS_ID,
+    STOP_EOS_SCALE,
+    build_tiny_model,
+    check_own_side,
+    check_stopped_pool,
+    engine_python,
+    require,
+    run_in,
+    run_job,
+)
 
 from tvjax import pools
 
@@ -44,6 +54,28 @@ def test_tiny_model_sample_replay_cross_score(tiny, tmp_path):
     assert not np.array_equal(pool.tokens["pi"], pool.tokens["mu"])  # distinct base seeds
     assert pool.metadata["engines"]["sdpa"]["engine"] == "transformers"
     assert pool.metadata["prompt_token_ids"][-1] == 5  # the template's "assistant" generation prompt
+
+
+def test_outputs_that_stop_at_eos(tmp_path_factory, tmp_path):
+    """eos=stop: rows end at their first EOS at varied lengths; replay of the engine's own samples
+    (a forced EOS finishes its row inside generate, rows finish at different steps) equals the
+    sampling-time log-probs; the sequence scorer (one prefill) agrees with the decode path."""
+    python = engine_python("transformers")
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny_stop") / "model", eos_scale=STOP_EOS_SCALE)
+    pool_path = tmp_path / "pool"
+    pools.create_pool(pool_path, n=12, num_per_side=8, repeats=1, scorers=("a", "b"), top_k=8,
+                      sample_logprobs=True, eos_ids=(EOS_ID,))
+    run_job(python, pool_path, hf("a", model, 0, eos="stop"), [("sample", "pi"), ("score", "pi")])
+    run_job(python, pool_path, hf("b", model, 1, eos="stop"), [("sample", "mu"), ("score", "mu"), ("score", "pi")],
+            scoring="sequence")
+    run_job(python, pool_path, hf("a", model, 0, eos="stop"), [("score", "mu")])
+    pool = pools.load_pool(pool_path)
+    check_own_side(pool, "pi", "a", tol=1e-5)
+    for side in pools.SIDES:
+        check_stopped_pool(pool, side, ("a", "b"))
+        a, b = pool.logprobs[side]["a"], pool.logprobs[side]["b"]
+        assert np.abs(a - b).max() <= 1e-4  # replay (decode) vs sequence (prefill), padded positions 0 in both
+    assert pool.metadata["engines"]["a"]["eos"] == "stop" and pool.metadata["engines"]["a"]["eos_ids"] == [EOS_ID]
 
 
 def test_rerun_skips_committed_shards(tiny, tmp_path):

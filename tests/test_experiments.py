@@ -37,6 +37,7 @@ STUDIES = {
     "bounds_coins": "bounds",
     "coverage": "coverage",
     "model_variants": "model_variants",
+    "blackbox": "blackbox",
 }
 # Subprocess jobs are tiny: skip the expensive XLA backend passes to keep compiles short.
 FAST_ENV = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "HYDRA_FULL_ERROR": "1"}

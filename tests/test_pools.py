@@ -366,7 +366,7 @@ def test_intact_nan_and_negative_ids_are_named_by_chunk(pool):
                                                   "chunk (1, 0, 1) (rows 4:8, passes 1:2)")):
         load_pool(pool)
     group["tokens/pi"][9, 0] = -3
-    with pytest.raises(PoolError, match=re.escape("array tokens/pi: committed region holds negative token ids "
+    with pytest.raises(PoolError, match=re.escape("array tokens/pi: committed region holds negative values "
                                                   "in chunk (2, 0) (rows 8:10)")):
         read_tokens(pool, "pi")
 
@@ -386,3 +386,98 @@ def test_array_without_checksums_is_refused(pool):
                                                        chunks=(4, n, 1, K), overwrite=True)
     with pytest.raises(PoolError, match="array topk_ids/pi/sglang: stored without the crc32c checksum codec"):
         load_pool(pool)
+
+
+def stopping_rows():
+    """Rows of n = 5 stopping at EOS ids (2, 7) (pad 2): lengths 2, 5, 3, 5."""
+    tokens = np.array([[4, 7, 2, 2, 2], [4, 4, 4, 4, 4], [5, 6, 2, 2, 2], [4, 5, 6, 5, 7]], np.int32)
+    return tokens, np.array([2, 5, 3, 5], np.int32)
+
+
+def stopping_writer(path):
+    return create_pool(path, n=5, num_per_side=4, repeats=2, scorers=("a", "b"), top_k=2, sample_logprobs=True,
+                       eos_ids=(7, 2))
+
+
+def test_stopping_pool_round_trip_with_lengths(tmp_path):
+    from tvjax.pools import pad_stopped, read_lengths
+
+    writer = stopping_writer(tmp_path / "p")
+    assert writer.spec.eos_ids == (2, 7) and writer.spec.stops
+    tokens, lengths = stopping_rows()
+    rng = np.random.default_rng(0)
+    raw = np.log(rng.random((4, 5, 2))).astype(np.float32)
+    ids, tlp = rng.integers(0, 9, (4, 5, 2, 2)).astype(np.int32), np.log(rng.random((4, 5, 2, 2))).astype(np.float32)
+    for side in ("pi", "mu"):
+        writer.write_tokens(side, 0, tokens, sample_logprobs=pad_stopped(lengths, 2, raw[..., 0])[0], lengths=lengths)
+        for scorer in ("a", "b"):
+            writer.write_draws(side, scorer, 0, 0, *pad_stopped(lengths, 2, raw, ids, tlp))
+    pool = load_pool(tmp_path / "p")
+    assert pool.lengths["mu"].tolist() == [2, 5, 3, 5] and read_lengths(tmp_path / "p", "pi").tolist() == [2, 5, 3, 5]
+    assert pool.logprobs["pi"]["a"][0, 2:].tolist() == [[0.0, 0.0]] * 3
+    assert pool.logprobs["pi"]["a"][0, :2].tolist() == raw[0, :2].tolist()  # real positions untouched
+    assert pool.topk_ids["pi"]["a"][2, 3].tolist() == [[2, 2], [2, 2]]
+    assert pool.topk_logprobs["pi"]["a"][2, 3].tolist() == [[0.0, -np.inf], [0.0, -np.inf]]
+    assert load_pool(tmp_path / "p", partial=True).lengths["pi"].tolist() == [2, 5, 3, 5]
+
+
+def test_fixed_length_pools_have_length_n_and_refuse_lengths(tmp_path):
+    from tvjax.pools import read_lengths
+
+    run_campaign(tmp_path / "p")
+    assert load_pool(tmp_path / "p").lengths["pi"].tolist() == [n] * N and read_lengths(tmp_path / "p", "mu").tolist() == [n] * N
+    writer = create_pool(tmp_path / "q", n=n, num_per_side=N, repeats=R)
+    with pytest.raises(PoolError, match="this pool is fixed-length: create it with eos_ids"):
+        writer.write_tokens("pi", 0, np.zeros((N, n), np.int32), lengths=np.full(N, n))
+
+
+def test_pools_written_before_lengths_load_as_fixed_length(tmp_path):
+    run_campaign(tmp_path / "p")
+    group = zarr.open_group(str(tmp_path / "p"), mode="r+")
+    spec = dict(group.attrs["spec"])
+    del spec["eos_ids"]
+    group.attrs["spec"] = spec
+    pool = load_pool(tmp_path / "p")
+    assert pool.spec.eos_ids == () and pool.lengths["pi"].tolist() == [n] * N
+
+
+def test_stopping_pool_refuses_rows_without_or_against_their_lengths(tmp_path):
+    writer = stopping_writer(tmp_path / "p")
+    tokens, lengths = stopping_rows()
+    zeros = np.zeros((4, 5), np.float32)
+    with pytest.raises(PoolError, match=re.escape("outputs stop at EOS ids [2, 7]: give the lengths of the rows")):
+        writer.write_tokens("pi", 0, tokens, sample_logprobs=zeros)
+    with pytest.raises(PoolError, match=re.escape("rows [0] (of the block): lengths [3] but their first EOS [2, 7] gives [2]")):
+        writer.write_tokens("pi", 0, tokens, sample_logprobs=zeros, lengths=np.array([3, 5, 3, 5]))
+    bad_pad = tokens.copy()
+    bad_pad[2, 4] = 9
+    with pytest.raises(PoolError, match=re.escape("rows [2] (of the block): positions after EOS must hold the pad 2")):
+        writer.write_tokens("pi", 0, bad_pad, sample_logprobs=zeros, lengths=lengths)
+    with pytest.raises(PoolError, match=re.escape("lengths must be in [1, 5]")):
+        writer.write_tokens("pi", 0, tokens, sample_logprobs=zeros, lengths=np.array([2, 6, 3, 5]))
+    noisy_pad = zeros.copy()
+    noisy_pad[0, 3] = -0.1
+    with pytest.raises(PoolError, match="sample_logprobs at positions after EOS must be 0"):
+        writer.write_tokens("pi", 0, tokens, sample_logprobs=noisy_pad, lengths=lengths)
+    assert not writer.done_shards()  # nothing half-written
+
+
+def test_stopping_pool_refuses_draws_before_tokens_and_draws_past_the_end(tmp_path):
+    from tvjax.pools import pad_readout
+
+    writer = stopping_writer(tmp_path / "p")
+    tokens, lengths = stopping_rows()
+    draws = np.zeros((4, 5, 1), np.float32)
+    ids, tlp = np.full((4, 5, 1, 2), 2, np.int32), np.broadcast_to(pad_readout(2, 2)[1], (4, 5, 1, 2)).copy()
+    with pytest.raises(PoolError, match="before their tokens"):
+        writer.write_draws("pi", "a", 0, 0, draws, ids, tlp)
+    writer.write_tokens("pi", 0, tokens, sample_logprobs=np.zeros((4, 5), np.float32), lengths=lengths)
+    late = draws.copy()
+    late[0, 3, 0] = -1.0  # a draw after row 0's EOS (length 2)
+    with pytest.raises(PoolError, match="logprobs at positions after EOS must be 0"):
+        writer.write_draws("pi", "a", 0, 0, late, ids, tlp)
+    wrong_readout = ids.copy()
+    wrong_readout[0, 4, 0, 0] = 5
+    with pytest.raises(PoolError, match="top-k readout at a padded position"):
+        writer.write_draws("pi", "a", 0, 0, draws, wrong_readout, tlp)
+    writer.write_draws("pi", "a", 0, 0, draws, ids, tlp)  # the pad itself is accepted

@@ -197,3 +197,77 @@ def test_gate_on_trajectories_that_stop_spends_queries_on_real_positions():
     expected = 3 * (mean_length(0.2) + mean_length(0.3))
     # lengths have sd below 3 per trajectory: 4 standard errors of the mean over the observations
     assert per_observation < 2 * 3 * pi.n and abs(per_observation - expected) < 4 * 3 * 3 * math.sqrt(2 / estimate.observations)
+
+
+@pytest.fixture(scope="module")
+def gate_pools(tmp_path_factory):
+    """Synthetic pools with known TV: exact replay (every pass equal) of a block pair and of pi
+    against itself, and noisy replay (Noisy(0.05), 8 passes) of the block pair."""
+    from tvjax.instances import block_pair
+    from tvjax.oracles import Exact, Noisy
+    from tvjax.synthetic_pool import write_synthetic_pool
+
+    pi, mu = block_pair(seed=10, n=64, block_bits=8, alpha=0.3)
+    folder = tmp_path_factory.mktemp("gate_pools")
+    write_synthetic_pool(jax.random.key(1), folder / "exact", pi, mu, Exact(), num_per_side=2048, repeats=2)
+    write_synthetic_pool(jax.random.key(2), folder / "same", pi, pi, Exact(), num_per_side=2048, repeats=2)
+    write_synthetic_pool(jax.random.key(3), folder / "noisy", pi, mu, Noisy(0.05), num_per_side=2048, repeats=8)
+    return folder, exact_tv(pi, mu)
+
+
+def test_gate_on_pools_decides_from_stored_rows(gate_pools):
+    from tvjax.pools import load_pool
+    from tvjax.sequential import gate_pool
+
+    folder, truth = gate_pools
+    far = gate_pool(load_pool(folder / "exact"), tau=0.2, round_size=256)
+    assert far.verdict == "FAIL" and far.estimate.low <= truth <= far.estimate.high
+    assert far.estimate.repeats == 1 and far.estimate.bias_bound == 0 and far.noise_floor is None  # deterministic
+    assert far.estimate.queries == far.estimate.observations * 2 * 64 * 3  # two trajectories, 3 queries a position
+    same = gate_pool(load_pool(folder / "same"), tau=0.05, round_size=256)
+    assert same.verdict == "PASS" and same.estimate.high < 0.05
+    spent = gate_pool(load_pool(folder / "exact"), tau=truth, round_size=256)
+    assert spent.verdict == "INCONCLUSIVE" and spent.estimate.observations == 2048  # the rows ran out
+
+
+def test_gate_on_a_noisy_pool_bounds_the_bias_and_reports_the_noise_floor(gate_pools):
+    """Non-deterministic replay: the plug-in over the 8 passes with its bias bound (the interval
+    still holds the truth) and, beside the verdict, each scorer's A/A control: its own passes in
+    two halves, whose TV is 0 and whose estimate shows the replay noise at r = 4."""
+    from tvjax.pools import load_pool
+    from tvjax.sequential import gate_pool
+
+    folder, truth = gate_pools
+    result = gate_pool(load_pool(folder / "noisy"), tau=0.2, round_size=256)
+    assert result.verdict == "FAIL" and result.estimate.repeats == 8 and result.estimate.bias_bound > 0
+    assert result.estimate.low <= truth <= result.estimate.high
+    assert set(result.noise_floor) == {"pi", "mu"}
+    for floor in result.noise_floor.values():
+        # sigma 0.05 on the 9 random positions: the halves' Z is small, and far below the pair's TV
+        assert 0 < floor.value < 0.1 and floor.low <= floor.value <= floor.high < truth
+
+
+def test_gate_on_pools_refuses_bad_input(gate_pools, tmp_path):
+    from tvjax.pools import load_pool
+    from tvjax.sequential import gate_pool
+
+    folder, _ = gate_pools
+    pool = load_pool(folder / "exact")
+    with pytest.raises(ValueError, match="tau"):
+        gate_pool(pool, tau=1.0)
+    with pytest.raises(ValueError, match="less than one round"):
+        gate_pool(pool, tau=0.1, budget=1000, round_size=256)
+    with pytest.raises(ValueError, match="pair must name two loaded scorers"):
+        gate_pool(pool, tau=0.1, pair=("pi", "nobody"))
+
+
+def test_gate_cli_on_a_pool(gate_pools, tmp_path):
+    folder, _ = gate_pools
+    record = tmp_path / "gate.json"
+    noisy = cli("--pool", str(folder / "noisy"), "--tau", "0.2", "--json", str(record))
+    assert noisy.returncode == 1 and noisy.stdout.startswith("FAIL"), noisy.stdout + noisy.stderr
+    assert "A/A noise floor of pi" in noisy.stdout and "A/A noise floor of mu" in noisy.stdout
+    saved = json.loads(record.read_text())
+    assert saved["pool"] == str(folder / "noisy") and set(saved["noise_floor"]) == {"pi", "mu"}
+    missing = cli("--pool", str(tmp_path / "nowhere"), "--tau", "0.2")
+    assert missing.returncode == 3 and "not a pool" in missing.stderr and not missing.stdout

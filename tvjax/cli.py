@@ -13,7 +13,7 @@ from tvjax.api import estimate_tv
 from tvjax.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
 from tvjax.jsonable import to_jsonable
 from tvjax.programs import enable_compilation_cache
-from tvjax.sequential import gate
+from tvjax.sequential import gate, gate_pool
 
 ACCESS_ROWS = (("exact", "exact logits"), ("noisy", "noisy logits, sigma={sigma}"), ("sampler", "sample-only"))
 
@@ -106,6 +106,28 @@ def gate_pair(args):
     return lm_pair(args.model, args.prompt, args.n, dict(args.pi), dict(args.mu), eos=args.eos)
 
 
+def _gate_pool(args, progress):
+    from tvjax.pools import PoolError, load_pool  # zarr only for pools
+
+    try:
+        pool = load_pool(args.pool, load_topk=False)
+    except PoolError as error:
+        raise ValueError(str(error)) from error
+    if pool.passes.size == 1:
+        print("note: one replay pass per trajectory: the replay is taken as deterministic, unchecked "
+              "(store R >= 2 passes to check it and to measure the A/A noise floor)", file=sys.stderr)
+    return gate_pool(pool, args.tau, args.delta, args.budget, args.round_size, args.scorers, on_round=progress)
+
+
+def verdict_line(result):
+    """The gate's one line: verdict, interval, estimate, bias bound, support mismatch, spent."""
+    e = result.estimate
+    relation = {"PASS": "<", "FAIL": ">"}.get(result.verdict, "?")
+    return (f"{result.verdict}  TV {relation} {result.tau:g} at {100 * (1 - result.delta):g}%: [{e.low:.4f}, {e.high:.4f}] "
+            f"(estimate {e.value:.4f}, bias bound {e.bias_bound:.4f}, support mismatch {e.mismatch_share:.3f}) after "
+            f"{e.observations} observations, {e.queries:.3g} queries")
+
+
 class _GateParser(argparse.ArgumentParser):
     """Usage errors exit 3, not argparse's 2: 2 is the gate's INCONCLUSIVE."""
 
@@ -122,7 +144,7 @@ def gate_main(argv):
                         help="; ".join(f"{k}: {v}" for k, v in PAIRS.items()))
     parser.add_argument("--tau", type=_number(0.0, 1.0), required=True, help="the TV tolerance, in (0, 1)")
     parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.05, help="error probability, in (0, 1)")
-    parser.add_argument("--budget", type=_number(0.0), default=1e9, help="query budget")
+    parser.add_argument("--budget", type=_number(0.0), default=None, help="query budget (default 1e9; a pool: its rows)")
     parser.add_argument("--access", choices=("exact", "noisy", "sampler"), default="exact")
     parser.add_argument("--sigma", type=_number(0.0), default=None, help="the noisy oracle's relative noise")
     parser.add_argument("--round-size", type=int, default=256, help="observations per round")
@@ -135,36 +157,129 @@ def gate_main(argv):
                         help="lm pair: suppress EOS (the paper's n tokens) or stop a continuation at it, as served")
     parser.add_argument("--pi", type=_keyword, nargs="*", default=[], metavar="KEY=VALUE", help="lm pair: pi's variant")
     parser.add_argument("--mu", type=_keyword, nargs="*", default=[], metavar="KEY=VALUE", help="lm pair: mu's variant")
+    parser.add_argument("--pool", default=None, metavar="PATH",
+                        help="gate a score pool's stored rows instead of sampling a pair (its replay passes: "
+                             "deterministic = exact; otherwise the plug-in and the A/A noise floor)")
+    parser.add_argument("--scorers", nargs=2, default=None, metavar=("PI", "MU"),
+                        help="pool: the two scorers to compare (default the pool's samplers)")
     parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off")
     args = parser.parse_args(argv)
     if args.access == "noisy" and args.sigma is None:
         parser.error("--access noisy needs --sigma")
     enable_compilation_cache(args.compilation_cache)
+    progress = lambda e: print(f"round {e.rounds}: [{e.low:.4f}, {e.high:.4f}] after {e.observations} observations, "
+                               f"{e.queries:.3g} queries", file=sys.stderr, flush=True)
     try:
-        pi, mu = gate_pair(args)
-        progress = lambda e: print(f"round {e.rounds}: [{e.low:.4f}, {e.high:.4f}] after {e.observations} observations, "
-                                   f"{e.queries:.3g} queries", file=sys.stderr, flush=True)
-        result = gate(jax.random.key(args.seed), pi, mu, args.tau, args.delta, args.budget, args.access, args.round_size,
-                      args.sigma, on_round=progress)
+        if args.pool is not None:
+            result = _gate_pool(args, progress)
+        else:
+            pi, mu = gate_pair(args)
+            budget = 1e9 if args.budget is None else args.budget
+            result = gate(jax.random.key(args.seed), pi, mu, args.tau, args.delta, budget, args.access,
+                          args.round_size, args.sigma, on_round=progress)
     except ValueError as error:
         parser.exit(3, f"tvjax gate: error: {error}\n")
-    e = result.estimate
-    relation = {"PASS": "<", "FAIL": ">"}.get(result.verdict, "?")
-    print(f"{result.verdict}  TV {relation} {args.tau:g} at {100 * (1 - args.delta):g}%: [{e.low:.4f}, {e.high:.4f}] "
-          f"(estimate {e.value:.4f}, bias bound {e.bias_bound:.4f}, support mismatch {e.mismatch_share:.3f}) after "
-          f"{e.observations} observations, {e.queries:.3g} queries", flush=True)
+    print(verdict_line(result), flush=True)
+    for scorer, floor in (result.noise_floor or {}).items():
+        print(f"A/A noise floor of {scorer} (its replay passes split in two halves, true TV 0): "
+              f"[{floor.low:.4f}, {floor.high:.4f}] (estimate {floor.value:.4f})", flush=True)
     if args.json:
-        record = {"pair": args.pair, "access": args.access, "sigma": args.sigma, "seed": args.seed, "eos": args.eos,
-                  "pi": dict(args.pi), "mu": dict(args.mu), **result._asdict()}
+        source = {"pool": args.pool, "scorers": args.scorers} if args.pool else {
+            "pair": args.pair, "access": args.access, "sigma": args.sigma, "seed": args.seed, "eos": args.eos,
+            "pi": dict(args.pi), "mu": dict(args.mu)}
+        record = {**source, **result._asdict()}
         with open(args.json, "w") as handle:
             json.dump(to_jsonable(record), handle, indent=2)
     return result.exit_code
+
+
+def endpoint_texts(side, args, messages, path):
+    """`side`'s texts from its endpoint, or from the samples file when a previous run stored them
+    (requests cost money: a rerun never asks again for what it has)."""
+    from tvjax.engines.openai_bridge import TextEndpoint  # no JAX, no torch: urllib and numpy
+
+    stored = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    texts = [r["text"] for r in stored if r["side"] == side]
+    if len(texts) >= args.num:
+        return texts[: args.num]
+    config = {"base_url": getattr(args, f"{side}_url"), "served_model": getattr(args, f"{side}_model"),
+              "api_key_env": args.api_key_env, "temperature": args.temperature,
+              "extra_body": json.loads(getattr(args, f"{side}_extra") or "{}"), "max_requests": args.num,
+              "requests_per_second": args.requests_per_second}
+    endpoint = TextEndpoint(config)
+    try:
+        seed = args.seed * 2 + (side == "mu")
+        fresh = endpoint.sample_texts(messages, args.num - len(texts), args.max_tokens, seed + 1000 * len(texts))
+    finally:
+        endpoint.close()
+    with path.open("a") as handle:
+        for text, reason in zip(fresh.texts, fresh.finish_reasons):
+            handle.write(json.dumps({"side": side, "text": text, "finish_reason": reason}) + "\n")
+    return texts + fresh.texts
+
+
+def text_tokenizer(spec):
+    """'bytes' (UTF-8 bytes: any endpoint) or a model spec whose tokenizer tvjax.models loads."""
+    from tvjax.distinguish import ByteTokenizer
+
+    if spec == "bytes":
+        return ByteTokenizer()
+    from tvjax.models.pairs import load_model
+
+    return load_model(spec).tokenizer
+
+
+def distinguish_main(argv):
+    parser = _GateParser(prog="tvjax distinguish", description="A certified lower bound on the TV between two "
+                                           "text-only chat endpoints (OpenAI-compatible, no log-probabilities): a "
+                                           "classifier trained on half of their completions, counted on the other half.")
+    for side in ("pi", "mu"):
+        parser.add_argument(f"--{side}-url", required=True, help=f"{side}'s base URL, e.g. http://127.0.0.1:8000/v1")
+        parser.add_argument(f"--{side}-model", default=None, help=f"{side}'s served model (default: ask /models)")
+        parser.add_argument(f"--{side}-extra", default=None, metavar="JSON", help=f"more request fields for {side}")
+    parser.add_argument("--prompt", default="Write a short poem about the sea.", help="the user message")
+    parser.add_argument("--system", default=None, help="a system message")
+    parser.add_argument("--num", type=int, default=1000, help="completions per side (half of them test the classifier)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=_number(0.0), default=1.0)
+    parser.add_argument("--tokenizer", default="bytes", help="bytes (UTF-8, any endpoint) or a model: smollm2, .gguf, folder")
+    parser.add_argument("--classifier", choices=("ngram", "transformer"), default="ngram")
+    parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
+    parser.add_argument("--requests-per-second", type=_number(0.0), default=10.0)
+    parser.add_argument("--samples", default="endpoint_samples.jsonl", metavar="PATH",
+                        help="the completions, kept: a rerun reuses them and asks only for what is missing")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the whole record here")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from tvjax.distinguish import distinguish, texts_to_samples
+    from tvjax.engines.protocol import EngineError
+
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+    try:
+        texts = {side: endpoint_texts(side, args, messages, Path(args.samples)) for side in ("pi", "mu")}
+        tokenizer = text_tokenizer(args.tokenizer)
+        n = max(1, max(len(tokenizer.encode(t)) for side in texts.values() for t in side))
+        pi, mu = (texts_to_samples(texts[side], tokenizer, n=n) for side in ("pi", "mu"))
+        result = distinguish(jax.random.key(args.seed), pi, mu, classifier=args.classifier, delta=args.delta)
+    except (ValueError, EngineError) as error:
+        parser.exit(3, f"tvjax distinguish: error: {error}\n")
+    print(f"TV >= {result.lower_bound:.4f} at {100 * (1 - args.delta):g}% (estimate {result.estimate:.4f}; "
+          f"{result.pi_test} + {result.mu_test} held-out completions, {args.classifier} classifier)", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(to_jsonable({"args": vars(args), **result._asdict()}), handle, indent=2)
+    return 0
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["gate"]:
         sys.exit(gate_main(argv[1:]))
+    if argv[:1] == ["distinguish"]:
+        sys.exit(distinguish_main(argv[1:]))
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=_number(0.0, 1.0), default=0.05, help="target accuracy, in (0, 1)")

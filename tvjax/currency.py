@@ -67,6 +67,12 @@ def log_clipped_mean(prob_sum, repeats, floor):
     return jnp.log(jnp.clip(prob_sum / repeats, floor, 1.0))
 
 
+def stopping_ids(process):
+    """The EOS ids at which a process's trajectories stop: a language model's `stopping_eos` (none
+    under eos="suppress"), a stopping table's `eos_ids`; () for a fixed-length process."""
+    return tuple(getattr(process, "stopping_eos", getattr(process, "eos_ids", ())))
+
+
 def trajectory_lengths(tokens, eos_ids):
     """Real positions of each trajectory [num]: up to and including the first EOS token, n when
     it never stops (or when eos_ids is empty). Positions after the EOS are padding, deterministic

@@ -12,14 +12,18 @@ Engine config keys (configs/engine/jax.yaml):
   platform: null | cpu | cuda | tpu  (null: JAX's default backend; set before JAX starts a backend)
   variant: {}                 (further `LanguageModel.variant` keywords, applied after top_k and dtype:
                                weights, kv_cache_dtype, attention_chunk, ... (tvjax.models.Serving))
+  eos: suppress | stop        (tvjax.engines.protocol.Eos: `language_model(..., eos=...)`; under
+                               stop a row ends at its first EOS and the decode loop pads it)
 
 Every step, of sampling and of replay alike, reads the raw logits of the KV-cached decode loop
 (the prompt's cache shared by every row, one batch of all N rows, served as the LanguageModel's
 `serving`: a variant's weight format, KV-cache dtype and attention chunking apply to both) and
 turns them into the sampling distribution of `tvjax.models.sampling_logprobs`: EOS ids set to
--inf before any truncation, log-softmax renormalized over the tie-inclusive top-k set (-inf
-outside it), at temperature 1 unless `variant` says otherwise -- the distribution that
-`tvjax.engines.replay.topk_logprobs` computes for the torch bridges.
+-inf before any truncation (eos=suppress; under eos=stop they keep their mass and a row past its
+EOS gets the pad's distribution, whose positions the worker stores as the pad), log-softmax
+renormalized over the tie-inclusive top-k set (-inf outside it), at temperature 1 unless
+`variant` says otherwise -- the distribution that `tvjax.engines.replay.topk_logprobs` computes
+for the torch bridges.
 
 * `sample` draws with `jax.random.key(seed)` exactly as `LanguageModel.sample` does (same keys,
   same draws: the same tokens), and records each drawn token's log-probability at sampling time.
@@ -38,14 +42,17 @@ self-noise sigma is 0, as that of transformers and vLLM-CPU measured here.
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tvjax.engines.models import resolve
-from tvjax.engines.protocol import EngineError, Sampled, Scored
-from tvjax.models import decode_loop, language_model, load_gguf, load_hf_folder
+from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
+from tvjax.models import decode_loop, language_model, load_gguf, load_hf_folder, tokenizer_from_gguf
+from tvjax.models.tokenizer import tokenizer_from_folder
+from tvjax.models.weights import gguf_metadata
 
 
 class TemplateTokenizer:
@@ -70,6 +77,18 @@ def load_model(model: str):
     """A LoadedModel from a model spec: 'smollm2' or a .gguf file (read directly), or a folder."""
     folder, gguf = resolve(model)
     return load_gguf(folder / gguf) if gguf is not None else load_hf_folder(folder)
+
+
+def model_eos_ids(model: str) -> list[int]:
+    """The EOS ids of a model spec as this engine reads them (its tokenizer's), without the weights."""
+    folder, gguf = resolve(model)
+    if gguf is not None:
+        import gguf as gguf_lib
+
+        tokenizer = tokenizer_from_gguf(gguf_metadata(gguf_lib.GGUFReader(str(folder / gguf))))
+    else:
+        tokenizer = tokenizer_from_folder(folder, json.loads((folder / "config.json").read_text()).get("eos_token_id"))
+    return sorted({int(e) for e in tokenizer.eos_ids})
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
@@ -110,13 +129,14 @@ class JaxBridge:
         if self.width > self.model.config.vocab_size:
             raise EngineError(f"readout width {self.width} exceeds the vocabulary ({self.model.config.vocab_size})")
         self._models = {}
+        self.eos = eos_policy(config, self.eos_ids)
 
     def language_model(self, prompt_ids, n):
         """The LanguageModel of this engine config for continuations of n tokens of `prompt_ids`."""
         key = (tuple(int(t) for t in prompt_ids), int(n))
         if key not in self._models:
             lm = language_model(self.model, list(key[0]), key[1], top_k=self.config.get("top_k"),
-                                dtype=self.config.get("dtype", "float32"))
+                                dtype=self.config.get("dtype", "float32"), eos_ids=self.eos.ids, eos=self.eos.mode)
             self._models[key] = lm.variant(**self.variant) if self.variant else lm
         return self._models[key]
 
@@ -136,15 +156,14 @@ class JaxBridge:
         lm = self.language_model(prompt_ids, n)
         tokens, logprobs, _, _ = _decode(lm, jax.random.key(int(seed)), jnp.zeros((int(num), int(n)), jnp.int32),
                                          self.width, False)
-        return Sampled(np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32))
+        return collect_sampled(np.asarray(tokens), np.asarray(logprobs), int(n), self.eos)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
         """R passes give the same values: the seed is unused (exact logits; see the module doc)."""
         targets = self._targets(tokens)
         lm = self.language_model(prompt_ids, targets.shape[1])
         replayed, realized, ids, values = _decode(lm, jax.random.key(0), targets, self.width, True)
-        if not np.array_equal(np.asarray(replayed), np.asarray(targets)):
-            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
+        check_replayed(np.asarray(replayed), np.asarray(targets), self.eos)
         return Scored(np.asarray(realized, np.float32), np.asarray(ids, np.int32), np.asarray(values, np.float32))
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
@@ -162,7 +181,7 @@ class JaxBridge:
 
         return {"engine": "jax", "engine_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
                 "flax_version": flax.__version__, "backend": jax.default_backend(),
-                "devices": [str(d) for d in jax.devices()], "eos_ids": self.eos_ids}
+                "devices": [str(d) for d in jax.devices()], "eos_ids": self.eos_ids, "eos": self.eos.mode}
 
     def close(self) -> None:
         self._models.clear()

@@ -14,6 +14,7 @@ Layout of a pool directory::
 
     POOL/zarr.json                          group; attributes: format_version, spec, metadata
     POOL/tokens/{side}                      int32   [N, n]
+    POOL/lengths/{side}                     int32   [N]           (if spec.eos_ids: outputs stop at EOS)
     POOL/sample_logprobs/{side}             float32 [N, n]        (if spec.sample_logprobs)
     POOL/logprobs/{side}/{scorer}           float32 [N, n, R]     (-inf = zero mass)
     POOL/topk_ids/{side}/{scorer}           int32   [N, n, R, k]  (if spec.top_k)
@@ -26,6 +27,12 @@ then the shard's marker is committed atomically (temp file + ``os.replace``). On
 shards count: a campaign killed mid-shard loses that shard only, and a resumed writer rewrites it.
 Committed regions are append-only: a shard that overlaps a committed one is refused, so no
 trajectory is ever written twice or lost.
+
+Outputs that stop at EOS (a pool created with `eos_ids`): a trajectory is its tokens up to and
+including its first EOS id, then the pad, eos_ids[0], to the end; `lengths` holds its real
+positions. Under every scorer a padded position is deterministic: its log-probability is 0 and its
+top-k readout is the pad alone (`pad_readout`), so the currency's sums need no mask, and
+write_tokens / write_draws / load_pool refuse anything else.
 
 Typical engine use (one replay pass over all N trajectories at a time)::
 
@@ -76,7 +83,9 @@ class PoolSpec(NamedTuple):
     samplers: (scorer that sampled the pi side, scorer that sampled the mu side), default the first
     two scorers -- this is the pair whose TV is estimated and whose "own tokens" are checked;
     top_k: width k of the stored top-k readout or None; sample_logprobs: whether the log-probs seen at
-    sampling time are stored; row_chunk / pass_chunk: zarr chunk sizes along trajectories / passes.
+    sampling time are stored; row_chunk / pass_chunk: zarr chunk sizes along trajectories / passes;
+    eos_ids: the EOS ids at which outputs stop (sorted; () = fixed length n, the paper's protocol
+    with EOS suppressed), with per-trajectory lengths stored.
     """
 
     n: int
@@ -88,6 +97,12 @@ class PoolSpec(NamedTuple):
     sample_logprobs: bool
     row_chunk: int
     pass_chunk: int
+    eos_ids: tuple[int, ...] = ()
+
+    @property
+    def stops(self) -> bool:
+        """Whether outputs stop at EOS (per-trajectory lengths stored)."""
+        return bool(self.eos_ids)
 
 
 class Pool(NamedTuple):
@@ -97,7 +112,8 @@ class Pool(NamedTuple):
     logprobs[side][scorer]: float32 [N_s, n, R'] realized-token log-probability draws;
     topk_ids[side][scorer]: int32 [N_s, n, R', k] and topk_logprobs[side][scorer]: float32
     [N_s, n, R', k] (None if not stored); rows[side]: indices of the loaded trajectories
-    (all of 0..N-1 for a complete load); passes: indices of the loaded passes (0..R-1 when complete).
+    (all of 0..N-1 for a complete load); passes: indices of the loaded passes (0..R-1 when complete);
+    lengths[side]: int32 [N_s] real positions of each trajectory (n throughout a fixed-length pool).
     """
 
     spec: PoolSpec
@@ -109,6 +125,7 @@ class Pool(NamedTuple):
     topk_logprobs: dict[str, dict[str, np.ndarray]] | None
     rows: dict[str, np.ndarray]
     passes: np.ndarray
+    lengths: dict[str, np.ndarray]
 
 
 def tokens_key(side: str, row_start: int, row_stop: int) -> str:
@@ -141,6 +158,7 @@ def make_spec(
     sample_logprobs: bool = False,
     row_chunk: int | None = None,
     pass_chunk: int = 1,
+    eos_ids=(),
 ) -> PoolSpec:
     """Validate declared sizes and return a PoolSpec (row_chunk defaults to min(N, 256))."""
     scorers = tuple(scorers)
@@ -159,18 +177,23 @@ def make_spec(
     row_chunk = min(int(num_per_side), 256) if row_chunk is None else int(row_chunk)
     if row_chunk < 1:
         raise PoolError(f"row_chunk must be positive, got {row_chunk}")
+    eos_ids = tuple(sorted({int(e) for e in (eos_ids or ())}))
+    if any(e < 0 for e in eos_ids):
+        raise PoolError(f"eos_ids must be token ids (>= 0), got {eos_ids}")
     return PoolSpec(int(n), int(num_per_side), int(repeats), scorers, samplers,
-                    None if top_k is None else int(top_k), bool(sample_logprobs), row_chunk, int(pass_chunk))
+                    None if top_k is None else int(top_k), bool(sample_logprobs), row_chunk, int(pass_chunk), eos_ids)
 
 
 def _spec_to_json(spec: PoolSpec) -> dict:
     d = spec._asdict()
     d["scorers"] = list(spec.scorers)
     d["samplers"] = list(spec.samplers)
+    d["eos_ids"] = list(spec.eos_ids)
     return d
 
 
 def _spec_from_json(d: dict) -> PoolSpec:
+    d = {"eos_ids": [], **d}  # pools written before lengths existed are fixed-length
     missing = [f for f in PoolSpec._fields if f not in d]
     if missing:
         raise PoolError(f"pool spec is missing fields {missing}")
@@ -184,6 +207,8 @@ def _array_layout(spec: PoolSpec) -> dict[str, tuple[tuple[int, ...], str, tuple
     out = {}
     for side in SIDES:
         out[f"tokens/{side}"] = ((N, n), "int32", (rc, n))
+        if spec.stops:
+            out[f"lengths/{side}"] = ((N,), "int32", (rc,))
         if spec.sample_logprobs:
             out[f"sample_logprobs/{side}"] = ((N, n), "float32", (rc, n))
         for sc in spec.scorers:
@@ -245,9 +270,11 @@ class PoolWriter:
         self._group.attrs["metadata"] = meta
         self.metadata = meta
 
-    def write_tokens(self, side: str, row_start: int, tokens, sample_logprobs=None) -> str:
+    def write_tokens(self, side: str, row_start: int, tokens, sample_logprobs=None, lengths=None) -> str:
         """Write and commit tokens[a:b] (int [b-a, n]) of `side`, with sample-time log-probs when the
-        spec stores them. Returns the shard key. Refuses a block overlapping a committed one."""
+        spec stores them and, in a pool whose outputs stop at EOS, their lengths (int [b-a]; checked
+        against the tokens: the first EOS ends a row, the pad fills the rest, a padded sample-time
+        log-prob is 0). Returns the shard key. Refuses a block overlapping a committed one."""
         spec = self.spec
         _check_side(side)
         tokens = np.asarray(tokens)
@@ -258,13 +285,25 @@ class PoolWriter:
         if spec.sample_logprobs != (sample_logprobs is not None):
             raise PoolError(f"spec.sample_logprobs={spec.sample_logprobs} but sample_logprobs "
                             f"{'was not' if sample_logprobs is None else 'was'} given")
+        if spec.stops != (lengths is not None):
+            raise PoolError(f"this pool's outputs stop at EOS ids {list(spec.eos_ids)}: give the lengths of the rows"
+                            if spec.stops else "lengths given, but this pool is fixed-length: create it with "
+                            "eos_ids to store outputs that stop at EOS")
+        if lengths is not None:
+            lengths = np.asarray(lengths)
+            _check_block("lengths", lengths, tokens.shape[:1], np.integer)
+            check_stopped_tokens(tokens, lengths, spec.eos_ids)
         if sample_logprobs is not None:
             sample_logprobs = np.asarray(sample_logprobs)
             _check_block("sample_logprobs", sample_logprobs, tokens.shape, np.floating)
+            if lengths is not None:
+                _check_padded_zero("sample_logprobs", sample_logprobs, lengths)
         key = tokens_key(side, *rows)
         self._refuse_overlap(key, "tokens", side, None, rows, None)
         index = (np.arange(*rows), None)
         _write_block(self._group, f"tokens/{side}", index, tokens.astype(np.int32))
+        if lengths is not None:
+            _write_block(self._group, f"lengths/{side}", index, lengths.astype(np.int32))
         if sample_logprobs is not None:
             _write_block(self._group, f"sample_logprobs/{side}", index, sample_logprobs.astype(np.float32))
         self._commit(key, "tokens", side, None, rows, None)
@@ -294,6 +333,8 @@ class PoolWriter:
             topk_ids, topk_logprobs = np.asarray(topk_ids), np.asarray(topk_logprobs)
             _check_block("topk_ids", topk_ids, logprobs.shape + (spec.top_k,), np.integer)
             _check_block("topk_logprobs", topk_logprobs, logprobs.shape + (spec.top_k,), np.floating)
+        if spec.stops:
+            self._check_padded_draws(side, rows, logprobs, topk_ids, topk_logprobs)
         key = draws_key(side, scorer, *rows, *passes)
         self._refuse_overlap(key, "draws", side, scorer, rows, passes)
         index = (np.arange(*rows), None, np.arange(*passes), None)
@@ -303,6 +344,22 @@ class PoolWriter:
             _write_block(self._group, f"topk_logprobs/{side}/{scorer}", index, topk_logprobs.astype(np.float32))
         self._commit(key, "draws", side, scorer, rows, passes)
         return key
+
+    def _check_padded_draws(self, side, rows, logprobs, topk_ids, topk_logprobs) -> None:
+        """In a stopping pool the rows' tokens come first (their lengths say which positions are
+        padding), and every padded draw is the deterministic pad."""
+        committed = coverage(self.path)[f"tokens/{side}"][rows[0]:rows[1]]
+        if not committed.all():
+            raise PoolError(f"draws of {side} rows {rows[0]}:{rows[1]} before their tokens: in a pool whose outputs "
+                            "stop at EOS the lengths (written with the tokens) must come first")
+        lengths = _read(self._group[f"lengths/{side}"], (np.arange(*rows),))
+        _check_padded_zero("logprobs", logprobs, lengths)
+        if topk_ids is not None:
+            pad_ids, pad_logprobs = pad_readout(topk_ids.shape[-1], self.spec.eos_ids[0])
+            padded = padded_positions(lengths, self.spec.n)
+            if (topk_ids[padded][..., 0] != pad_ids[0]).any() or (topk_logprobs[padded] != pad_logprobs).any():
+                raise PoolError("top-k readout at a padded position (after EOS) is not the pad alone "
+                                "(pools.pad_readout); use pools.pad_stopped on an engine's output")
 
     def _refuse_overlap(self, key, kind, side, scorer, rows, passes) -> None:
         for other in self._committed.values():
@@ -317,6 +374,61 @@ class PoolWriter:
                "passes": None if passes is None else list(passes), "committed_at": _now()}
         _write_json_atomic(self.path / _COMMITS / f"{key}.json", rec)
         self._committed[key] = rec
+
+
+def stopped_lengths(tokens, eos_ids) -> np.ndarray:
+    """int32 [rows]: real positions of each row of tokens [rows, n], up to and including its first
+    EOS id; n for a row without one."""
+    tokens = np.asarray(tokens)
+    hits = np.isin(tokens, list(eos_ids))
+    return np.where(hits.any(-1), hits.argmax(-1) + 1, tokens.shape[-1]).astype(np.int32)
+
+
+def padded_positions(lengths, n: int) -> np.ndarray:
+    """bool [rows, n]: the positions after each row's end."""
+    return np.arange(n)[None, :] >= np.asarray(lengths)[:, None]
+
+
+def pad_readout(width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [width], log-probs [width]) of a padded position: the pad with probability 1."""
+    logprobs = np.full(width, -np.inf, np.float32)
+    logprobs[0] = 0.0
+    return np.full(width, pad, np.int32), logprobs
+
+
+def pad_stopped(lengths, pad: int, logprobs, topk_ids=None, topk_logprobs=None):
+    """An engine's per-position arrays ([rows, n, ...]) with every position after a row's end set
+    to the deterministic pad: log-prob 0, readout `pad_readout`. Returns new arrays."""
+    padded = padded_positions(lengths, np.shape(logprobs)[1])
+    logprobs = np.where(padded.reshape(padded.shape + (1,) * (np.ndim(logprobs) - 2)), 0.0, logprobs).astype(np.float32)
+    if topk_ids is None:
+        return logprobs, None, None
+    pad_ids, pad_logprobs = pad_readout(np.shape(topk_ids)[-1], pad)
+    mask = padded.reshape(padded.shape + (1,) * (np.ndim(topk_ids) - 2))
+    return (logprobs, np.where(mask, pad_ids, topk_ids).astype(np.int32),
+            np.where(mask, pad_logprobs, topk_logprobs).astype(np.float32))
+
+
+def check_stopped_tokens(tokens, lengths, eos_ids) -> None:
+    """Refuse rows whose lengths disagree with their tokens (`stopped_lengths`) or whose padding is
+    not eos_ids[0]."""
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    n = tokens.shape[-1]
+    if ((lengths < 1) | (lengths > n)).any():
+        raise PoolError(f"lengths must be in [1, {n}], found {lengths.min()}..{lengths.max()}")
+    wrong = np.flatnonzero(stopped_lengths(tokens, eos_ids) != lengths)
+    if wrong.size:
+        raise PoolError(f"rows {wrong[:5].tolist()} (of the block): lengths {lengths[wrong[:5]].tolist()} but their first "
+                        f"EOS {list(eos_ids)} gives {stopped_lengths(tokens[wrong[:5]], eos_ids).tolist()}")
+    bad = np.flatnonzero((padded_positions(lengths, n) & (tokens != eos_ids[0])).any(-1))
+    if bad.size:
+        raise PoolError(f"rows {bad[:5].tolist()} (of the block): positions after EOS must hold the pad {eos_ids[0]}")
+
+
+def _check_padded_zero(name: str, values: np.ndarray, lengths: np.ndarray) -> None:
+    padded = padded_positions(lengths, values.shape[1])
+    if (values[padded] != 0).any():
+        raise PoolError(f"{name} at positions after EOS must be 0 (the pad is deterministic under every model)")
 
 
 def _check_json(meta: dict) -> None:
@@ -371,16 +483,19 @@ def _read_header(group, path: Path) -> tuple[PoolSpec, dict]:
 def create_pool(path: str | os.PathLike, *, n: int, num_per_side: int, repeats: int, scorers=("pi", "mu"),
                 samplers=None, top_k: int | None = None, sample_logprobs: bool = False,
                 metadata: dict | None = None, row_chunk: int | None = None, pass_chunk: int = 1,
-                exist_ok: bool = False) -> PoolWriter:
+                exist_ok: bool = False, eos_ids=()) -> PoolWriter:
     """Create an empty pool at `path` and return its writer.
 
     metadata: free-form JSON-serializable dict (engine, engine_version, model, dtype, temperature,
     prompt, prompt_token_ids, seeds, batch construction, ...); format_version, created_at and top_k
-    are recorded automatically. With exist_ok=True an existing pool with the same spec is reopened
-    for resuming (its metadata is kept); a different spec is refused.
+    are recorded automatically. eos_ids: the EOS ids at which outputs stop (default none: every
+    trajectory has n tokens); such a pool stores per-trajectory lengths. With exist_ok=True an
+    existing pool with the same spec is reopened for resuming (its metadata is kept); a different
+    spec is refused.
     """
     spec = make_spec(n=n, num_per_side=num_per_side, repeats=repeats, scorers=scorers, samplers=samplers,
-                     top_k=top_k, sample_logprobs=sample_logprobs, row_chunk=row_chunk, pass_chunk=pass_chunk)
+                     top_k=top_k, sample_logprobs=sample_logprobs, row_chunk=row_chunk, pass_chunk=pass_chunk,
+                     eos_ids=eos_ids)
     path = Path(path)
     if path.exists():
         if not exist_ok:
@@ -445,6 +560,18 @@ def read_tokens(path: str | os.PathLike, side: str) -> np.ndarray:
     shape, dtype, _ = _array_layout(spec)[f"tokens/{side}"]
     return _load_array(path, _open_group(path, mode="r"), f"tokens/{side}", shape, dtype,
                        np.arange(spec.num_per_side), None)
+
+
+def read_lengths(path: str | os.PathLike, side: str) -> np.ndarray:
+    """The committed lengths [N] of `side` (n throughout a fixed-length pool); PoolError unless all
+    N rows are committed."""
+    path = Path(path)
+    spec, _ = read_spec(path)
+    tokens = read_tokens(path, side)  # the commit check, and the lengths' shard
+    if not spec.stops:
+        return np.full(tokens.shape[0], spec.n, np.int32)
+    shape, dtype, _ = _array_layout(spec)[f"lengths/{side}"]
+    return _load_array(path, _open_group(path, mode="r"), f"lengths/{side}", shape, dtype, np.arange(spec.num_per_side), None)
 
 
 def _ranges(mask: np.ndarray) -> str:
@@ -575,8 +702,8 @@ def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarra
         raise PoolError(f"array {name}: damaged {_listing(bad)}" if bad else f"array {name}: unreadable: {e}") from e
     if dtype == "float32" and np.isnan(data).any():
         raise PoolError(f"array {name}: committed region holds NaN in {_flagged_chunks(arr, index, np.isnan(data))}")
-    if dtype == "int32" and name.startswith("tokens") and (data < 0).any():
-        raise PoolError(f"array {name}: committed region holds negative token ids in "
+    if dtype == "int32" and name.startswith(("tokens", "lengths")) and (data < 0).any():
+        raise PoolError(f"array {name}: committed region holds negative values in "
                         f"{_flagged_chunks(arr, index, data < 0)}")
     return data
 
@@ -616,9 +743,10 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
         return _load_array(path, group, name, shape, dtype, rows[side], passes if with_passes else None)
 
     tokens = {s: get(f"tokens/{s}", s) for s in SIDES}
+    lengths = {s: get(f"lengths/{s}", s) if spec.stops else np.full(len(rows[s]), spec.n, np.int32) for s in SIDES}
     slp = {s: get(f"sample_logprobs/{s}", s) for s in SIDES} if spec.sample_logprobs else None
     lps = {s: {sc: get(f"logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES}
     with_topk = spec.top_k is not None and load_topk
     ids = {s: {sc: get(f"topk_ids/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
     tlp = {s: {sc: get(f"topk_logprobs/{s}/{sc}", s, True) for sc in scorers} for s in SIDES} if with_topk else None
-    return Pool(spec._replace(scorers=scorers), meta, tokens, slp, lps, ids, tlp, rows, passes)
+    return Pool(spec._replace(scorers=scorers), meta, tokens, slp, lps, ids, tlp, rows, passes, lengths)

@@ -123,6 +123,15 @@ def _plots(out: Path, res: dict) -> list[str]:
     return names
 
 
+def _length_lines(pool) -> list[str]:
+    """A stopping pool's output lengths per side (outputs end at EOS; TV is over whole outputs)."""
+    if not pool.spec.stops:
+        return ["Fixed-length outputs (EOS suppressed)."]
+    parts = [f"{s}: mean {np.mean(pool.lengths[s]):.1f}, {np.mean(pool.lengths[s] < pool.spec.n):.1%} stopped before n"
+             for s in ("pi", "mu")]
+    return [f"Outputs stop at EOS {list(pool.spec.eos_ids)} (lengths: {'; '.join(parts)})."]
+
+
 def _summary(pool, res: dict, figures: list[str]) -> str:
     tv, ml, rep = res["tv"], res["multilevel"], res["repeats"]
     spec, meta = pool.spec, pool.metadata
@@ -130,7 +139,7 @@ def _summary(pool, res: dict, figures: list[str]) -> str:
              f"n = {spec.n}, N = {spec.num_per_side} per side, R = {spec.repeats} passes, scorers {list(spec.scorers)}, "
              f"samplers {list(spec.samplers)}, top-k {spec.top_k}"
              + "".join(f"; {k} {meta[k]}" for k in ("engine", "engine_version", "model", "dtype") if k in meta)
-             + ".", "",
+             + ".", *_length_lines(pool), "",
              "## TV (symmetric scoring)", "",
              f"TV = {tv.value:.4g} ± {tv.stderr:.2g} (95% bootstrap CI [{tv.ci_low:.4g}, {tv.ci_high:.4g}]) at r = {tv.repeats}; "
              f"arms: pi {tv.arm_pi:.4f} ± {tv.arm_pi_stderr:.4f}, mu {tv.arm_mu:.4f} ± {tv.arm_mu_stderr:.4f}; "
@@ -205,7 +214,8 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
                                hygiene=hygiene, seed=seed),
     }
     figures = _plots(out, res)
-    payload = {"pool": str(pool_path), "spec": to_jsonable(pool.spec), "metadata": pool.metadata, **to_jsonable(res)}
+    payload = {"pool": str(pool_path), "spec": to_jsonable(pool.spec), "metadata": pool.metadata,
+               "lengths": {s: pool.lengths[s].tolist() for s in pool.lengths}, **to_jsonable(res)}
     (out / "results.json").write_text(json.dumps(payload, indent=1, allow_nan=False))
     (out / "summary.md").write_text(_summary(pool, res, figures))
     return out

@@ -62,7 +62,7 @@ def window_moments(values, local, valid, window, single):
     return jax.lax.cond(single, one_group, many_groups)
 
 
-def level_moments(key, summand, counts, chunk):
+def level_moments(key, summand, counts, chunk, positions=False):
     """Moments of summand(key, segment, levels [chunk], chunk) -> [chunk] per group of rows.
 
     counts [segments, copies, levels]: group (c, l) of segment s is counts[s, c, l] rows at
@@ -72,6 +72,10 @@ def level_moments(key, summand, counts, chunk):
     the numbers of copies and levels, and many small estimates share chunks. Sizes are runtime
     values (a traced array is fine): one compiled program serves every size and schedule of a
     shape, and memory stays at one chunk. Returns Moments of shape [segments, copies, levels].
+
+    positions=True: the summand returns (values, real positions of each row's trajectory), and the
+    result is (Moments, summed positions [segments, copies, levels]): what trajectories that stop
+    at EOS cost, counted as they are drawn.
     """
     counts = jnp.asarray(counts, jnp.int32)
     segments, copies, levels = counts.shape
@@ -86,28 +90,35 @@ def level_moments(key, summand, counts, chunk):
         segment_key = jax.random.fold_in(key, segment)
 
         def step(state):
-            start, index, m = state
+            start, index, m, p = state
             first = jnp.sum(ends <= start)  # the group holding row `start` (empty groups skipped)
             local_ends = jax.lax.dynamic_slice(window_ends, (first,), (window,))
             stop = jnp.minimum(start + chunk, local_ends[-1])
             rows = start + jnp.arange(chunk)
             local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1)
             level = (first + jnp.minimum(local, window - 1)) % levels
-            values = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
+            out = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
+            values = out[0] if positions else out
             seen = Moments(*(jax.lax.dynamic_slice(a, (first,), (window,)) for a in m))
             merged = merge_moments(seen, window_moments(values, local, rows < stop, window, stop <= local_ends[0]))
             m = Moments(*(jax.lax.dynamic_update_slice(a, b, (first,)) for a, b in zip(m, merged)))
-            return stop, index + 1, m
+            if positions:  # static: fixed-length estimators carry p untouched
+                in_group = (rows < stop)[:, None] & (local[:, None] == jnp.arange(window))
+                spent = jnp.sum(jnp.where(in_group, out[1][:, None].astype(jnp.float32), 0.0), axis=0)
+                p = jax.lax.dynamic_update_slice(p, jax.lax.dynamic_slice(p, (first,), (window,)) + spent, (first,))
+            return stop, index + 1, m, p
 
         zeros = jnp.zeros(groups + window)
-        start = (jnp.int32(0), jnp.int32(0), Moments(zeros, zeros, zeros))
-        _, _, m = jax.lax.while_loop(lambda state: state[0] < total, step, start)
-        return Moments(*(a.at[segment].set(b[:groups]) for a, b in zip(acc, m)))
+        start = (jnp.int32(0), jnp.int32(0), Moments(zeros, zeros, zeros), zeros)
+        _, _, m, p = jax.lax.while_loop(lambda state: state[0] < total, step, start)
+        moments, spent = acc
+        return Moments(*(a.at[segment].set(b[:groups]) for a, b in zip(moments, m))), spent.at[segment].set(p[:groups])
 
     zeros = jnp.zeros((segments, groups))
     with random_streams():
-        acc = jax.lax.fori_loop(0, segments, segment_body, Moments(zeros, zeros, zeros))
-    return Moments(*(a.reshape(segments, copies, levels) for a in acc))
+        moments, spent = jax.lax.fori_loop(0, segments, segment_body, (Moments(zeros, zeros, zeros), zeros))
+    moments = Moments(*(a.reshape(segments, copies, levels) for a in moments))
+    return (moments, spent.reshape(segments, copies, levels)) if positions else moments
 
 
 def memory_chunk(process, oracle):

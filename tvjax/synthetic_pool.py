@@ -6,10 +6,12 @@ is called again with the same arguments skips committed shards and regenerates t
 identically: the finished pool does not depend on where it was interrupted.
 """
 
+from functools import partial
+
 import jax
 import numpy as np
 
-from tvjax.pools import SIDES, PoolWriter, create_pool, draws_key, tokens_key
+from tvjax.pools import SIDES, PoolWriter, create_pool, draws_key, pad_stopped, stopped_lengths, tokens_key
 
 
 def _as_logprobs(probs: np.ndarray, what: str) -> np.ndarray:
@@ -49,7 +51,10 @@ def write_synthetic_pool(key, path, pi, mu, oracle, *, num_per_side: int, repeat
     {name: (process, oracle)} scored on both sides too (e.g. a biased scoring API). top_k: store the
     top-k ids/log-probs of full next-token distribution draws (their realized coordinate is the
     stored draw). metadata: extra entries, e.g. {"exact_tv": tvjax.exact_tv(pi, mu)} (shown by the
-    report) or {"comparison_pairs": [["pi", "mu_api"]]}. Returns the writer of the completed pool.
+    report) or {"comparison_pairs": [["pi", "mu_api"]]}. A pair whose outputs stop at EOS
+    (`eos_ids`, e.g. `stopping_tabular_pair`) writes a stopping pool: lengths with the tokens, and
+    every draw after a row's EOS the deterministic pad, as an engine's replay writes it.
+    Returns the writer of the completed pool.
     """
     oracles = oracle if isinstance(oracle, dict) else {"pi": oracle, "mu": oracle}
     if set(oracles) != {"pi", "mu"}:
@@ -57,6 +62,9 @@ def write_synthetic_pool(key, path, pi, mu, oracle, *, num_per_side: int, repeat
     scorers = {"pi": (pi, oracles["pi"]), "mu": (mu, oracles["mu"]), **(extra_scorers or {})}
     if top_k is not None and top_k > pi.vocab_size:
         raise ValueError(f"top_k={top_k} exceeds the vocabulary size {pi.vocab_size}")
+    eos_ids = tuple(getattr(pi, "eos_ids", ()))
+    if tuple(getattr(mu, "eos_ids", ())) != eos_ids:
+        raise ValueError(f"pi and mu stop at different EOS ids ({eos_ids} vs {tuple(getattr(mu, 'eos_ids', ()))})")
     key_pi, key_mu, key_draws = jax.random.split(key, 3)
     meta = {"engine": "synthetic", "engine_version": "tvjax", "model": {"pi": _describe(pi), "mu": _describe(mu)},
             "oracles": {name: repr(o) for name, (_, o) in scorers.items()}, "dtype": "float32",
@@ -64,18 +72,21 @@ def write_synthetic_pool(key, path, pi, mu, oracle, *, num_per_side: int, repeat
             "batch_construction": f"row chunks of {row_chunk}, all passes per shard", **(metadata or {})}
     writer = create_pool(path, n=pi.n, num_per_side=num_per_side, repeats=repeats, scorers=tuple(scorers),
                          samplers=("pi", "mu"), top_k=top_k, sample_logprobs=True, metadata=meta,
-                         row_chunk=row_chunk, pass_chunk=repeats, exist_ok=True)
+                         row_chunk=row_chunk, pass_chunk=repeats, exist_ok=True, eos_ids=eos_ids)
     for i, (side, process, side_key) in enumerate(zip(SIDES, (pi, mu), (key_pi, key_mu))):
         tokens = process.sample(side_key, num_per_side)
         for start in range(0, num_per_side, row_chunk):
-            rows = tokens[start:start + row_chunk]
+            rows = np.asarray(tokens[start:start + row_chunk])
             stop = start + rows.shape[0]
+            lengths = stopped_lengths(rows, eos_ids) if eos_ids else None
+            pad = partial(pad_stopped, lengths, eos_ids[0]) if eos_ids else (lambda *arrays: arrays)
             if not writer.is_done(tokens_key(side, start, stop)):
-                writer.write_tokens(side, start, np.asarray(rows), np.asarray(process.path_logprobs(rows)))
+                sample_logprobs = np.asarray(process.path_logprobs(rows))
+                writer.write_tokens(side, start, rows, pad(sample_logprobs)[0], lengths=lengths)
             for j, (name, (scorer, orc)) in enumerate(scorers.items()):
                 if writer.is_done(draws_key(side, name, start, stop, 0, repeats)):
                     continue
                 shard_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key_draws, i), j), start)
-                lp, ids, tlp = _draw_block(shard_key, scorer, orc, rows, repeats, top_k, f"{side}/{name}")
+                lp, ids, tlp = pad(*_draw_block(shard_key, scorer, orc, rows, repeats, top_k, f"{side}/{name}"))
                 writer.write_draws(side, name, start, 0, lp, topk_ids=ids, topk_logprobs=tlp)
     return writer

@@ -166,3 +166,15 @@ def test_vllm_replay_rows_record_into_their_sessions_sink():
     output.append(4)
     rows.apply(torch.randn(3, 40, generator=torch.Generator().manual_seed(12)))
     assert len(SessionRows.records["r"]) == 2
+
+
+def test_pad_steps_extends_a_stopped_record_with_placeholders():
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(13))
+    record, _ = replay.replay_step(logits, torch.tensor([1, 2, 3]), 4, [], width=5)
+    steps = replay.stack([record, record], 1)  # [3, 2] steps on axis 1 (transformers' generate ended early)
+    padded = replay.pad_steps(steps, 4, axis=1)
+    assert padded.realized.shape == (3, 4) and padded.topk_ids.shape == (3, 4, 5)
+    assert torch.equal(padded.realized[:, :2], steps.realized) and (padded.realized[:, 2:] == 0).all()
+    assert torch.isinf(padded.topk_logprobs[:, 2:]).all()
+    one = replay.StepRecord(*(t[0] for t in steps))  # one request's [2] steps on axis 0
+    assert replay.pad_steps(one, 2).realized.shape == (2,) and replay.pad_steps(one, 1).topk_ids.shape == (1, 5)

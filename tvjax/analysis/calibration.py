@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import Hygiene, permutation_streams
+from tvjax.analysis.currency import Hygiene, permutation_streams, real_cells
 from tvjax.pools import SIDES, Pool
 
 PERCENTILES = (50.0, 90.0, 99.0, 100.0)
@@ -140,14 +140,15 @@ def _aggregate(cells: np.ndarray, mask: np.ndarray):
 
 
 def _blocks(pool: Pool, scorer: str, with_topk: bool):
-    """(realized draws [C, R], IdSegments or None) per row block of both sides, built lazily so
-    only one block's entries are in memory at a time."""
+    """(realized draws [C, R], IdSegments or None, real [C]) per row block of both sides, built
+    lazily so only one block's entries are in memory at a time; `real` marks the cells up to EOS
+    (the cells after it are the pad, a point mass, and stay out of every statistic)."""
     for side in SIDES:
-        draws = pool.logprobs[side][scorer]
+        draws, real = pool.logprobs[side][scorer], real_cells(pool, side)
         for rows in _row_blocks(draws.shape[0], draws[0].size * (pool.spec.top_k or 1)):
             seg = id_segments(pool.topk_ids[side][scorer][rows], pool.topk_logprobs[side][scorer][rows]) \
                 if with_topk else None
-            yield draws[rows].reshape(-1, draws.shape[-1]), seg
+            yield draws[rows].reshape(-1, draws.shape[-1]), seg, real[rows].reshape(-1)
 
 
 def _permutation_mean(values: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,23 +164,25 @@ def calibrate_sigma(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> Si
         raise ValueError("sigma calibration needs at least 2 stored repeats")
     with_topk = pool.topk_ids is not None
     streams = list(permutation_streams(hygiene))
-    realized, union = [], []
-    for draws, seg in _blocks(pool, scorer, with_topk):
+    realized, union, real = [], [], []
+    for draws, seg, block_real in _blocks(pool, scorer, with_topk):
         ranks = [pass_ranks(rng, draws.shape[0], num_r) for rng in streams]
         realized.append(_permutation_mean([realized_chi2(draws, rk) for rk in ranks]))
         if with_topk:
             union.append(_permutation_mean([union_chi2(seg, rk) for rk in ranks]))
-    real_cells, real_mask = (np.concatenate(x) for x in zip(*realized))
-    r_mean, r_se, r_pct, _ = _aggregate(real_cells, real_mask)
+        real.append(block_real)
+    real = np.concatenate(real)
+    token_cells, token_mask = (np.concatenate(x) for x in zip(*realized))
+    r_mean, r_se, r_pct, _ = _aggregate(token_cells, token_mask & real)
     if with_topk:
         union_cells, union_mask = (np.concatenate(x) for x in zip(*union))
-        u_mean, u_se, u_pct, u_med = _aggregate(union_cells, union_mask)
-        u_sigma, frac = float(np.sqrt(u_mean)), float(union_mask.mean())
+        u_mean, u_se, u_pct, u_med = _aggregate(union_cells, union_mask & real)
+        u_sigma, frac = float(np.sqrt(u_mean)), float(union_mask[real].mean())
     else:
         u_mean = u_se = u_pct = u_med = u_sigma = None
-        frac = float(real_mask.mean())
+        frac = float(token_mask[real].mean())
     return SigmaCalibration(scorer, float(np.sqrt(r_mean)), r_mean, r_se, r_pct, u_sigma, u_mean, u_se, u_pct,
-                            u_med, int(real_mask.size), frac, 2 * (num_r // 2))
+                            u_med, int(real.sum()), frac, 2 * (num_r // 2))
 
 
 def union_sizes(seg: IdSegments, ranks: np.ndarray) -> np.ndarray:
@@ -196,14 +199,14 @@ def union_sizes(seg: IdSegments, ranks: np.ndarray) -> np.ndarray:
 
 
 def support_union(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> SupportUnion:
-    """Union of top-k sets against r = 1..R over all cells of both sides (B.4)."""
+    """Union of top-k sets against r = 1..R over the real cells (up to EOS) of both sides (B.4)."""
     if pool.topk_ids is None:
         raise ValueError("the support-union measurement needs a pool with a top-k readout (spec.top_k)")
     streams = list(permutation_streams(hygiene))
     sizes = [[] for _ in streams]  # per permutation, per block: int32 [C, R]
-    for _, seg in _blocks(pool, scorer, True):
+    for _, seg, real in _blocks(pool, scorer, True):
         for acc, rng in zip(sizes, streams):
-            acc.append(union_sizes(seg, pass_ranks(rng, seg.num_cells, seg.num_passes)).astype(np.int32))
+            acc.append(union_sizes(seg, pass_ranks(rng, seg.num_cells, seg.num_passes))[real].astype(np.int32))
     sizes = [np.concatenate(s) for s in sizes]
     return SupportUnion(scorer, np.arange(1, pool.passes.size + 1), np.mean([s.mean(0) for s in sizes], 0),
                         np.mean([np.percentile(s, 99, axis=0) for s in sizes], 0), np.max([s.max(0) for s in sizes], 0),

@@ -12,7 +12,7 @@ import numpy as np
 
 from tvjax import cost
 from tvjax.currency import likelihood_ratio_term, mixture_z
-from tvjax.pools import SIDES, Pool
+from tvjax.pools import SIDES, Pool, padded_positions
 
 
 class Hygiene(NamedTuple):
@@ -103,6 +103,25 @@ def default_pair(pool: Pool, pair=None) -> tuple[str, str]:
     if len(pair) != 2 or not set(pair) <= loaded:
         raise ValueError(f"pair must name two loaded scorers {sorted(loaded)}, got {pair!r}")
     return pair
+
+
+def real_cells(pool: Pool, side: str) -> np.ndarray:
+    """bool [N, n]: the positions of `side`'s trajectories up to and including their EOS (all of
+    them in a fixed-length pool). Positions after are the deterministic pad: per-position
+    statistics leave them out, and they cost no query."""
+    return ~padded_positions(pool.lengths[side], pool.spec.n)
+
+
+def mean_length(pool: Pool) -> float:
+    """Mean real positions per trajectory over both sides (n in a fixed-length pool)."""
+    return float(np.mean(np.concatenate([pool.lengths[s] for s in SIDES])))
+
+
+def pool_queries(pool: Pool, repeats) -> float:
+    """Queries behind the loaded trajectories of both sides: each sampled and scored under both
+    models at r repeats, on its real positions only (`tvjax.cost`)."""
+    positions = sum(float(np.sum(pool.lengths[s], dtype=np.float64)) for s in SIDES)
+    return float(cost.trajectory_queries(positions, 1, float(repeats)))
 
 
 def sample_queries(n: int, repeats, sides: int = 2):

@@ -21,6 +21,7 @@ from tvjax.analysis.currency import (
     Hygiene,
     check_grid,
     default_pair,
+    mean_length,
     path_logprobs,
     permutation_streams,
     powers_of_two,
@@ -191,7 +192,8 @@ def evaluate_multilevel(pool: Pool, pair=None, grid=None, budgets=None, pilot_si
         raise ValueError("the multilevel evaluation needs at least 4 stored repeats (levels + held-out reference)")
     grid = check_grid(powers_of_two(half) if grid is None else grid, half, "multilevel grid (r <= R/2)")
     sides = 2 if arm == "symmetric" else 1
-    sample_cost = lambda r: sample_queries(pool.spec.n, r, sides)
+    length = mean_length(pool)  # outputs that stop at EOS cost their real positions
+    sample_cost = lambda r: sample_queries(length, r, sides)
     schedules = make_schedules(grid, max_levels)
     single = schedules.mask.sum(axis=1) == 1
     rng = np.random.default_rng(seed)

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.analysis.currency import default_pair, path_logprobs
+from tvjax.analysis.currency import default_pair, path_logprobs, real_cells
 from tvjax.analysis.tv import TVReport, mean_stderr, tv_estimate
 from tvjax.pools import SIDES, Pool
 
@@ -14,7 +14,8 @@ class ZeroMassRates(NamedTuple):
     """Zero-mass rates from the r-average over all stored passes.
 
     trajectory[side][scorer]: fraction of `side`'s trajectories with at least one zero-mass
-    position under `scorer`; position[side][scorer]: fraction of zero-mass positions; own[scorer]:
+    position under `scorer`; position[side][scorer]: fraction of zero-mass positions among the
+    real ones (up to EOS); own[scorer]:
     the trajectory rate of each sampler on its own side (0 for a faithful replay oracle)."""
 
     trajectory: dict
@@ -27,7 +28,7 @@ class ScorerComparison(NamedTuple):
     trajectory; the shift statistics use trajectories with finite delta under both pairs.
     compression = least-squares slope of delta_b on delta_a (< 1: b compresses the differences).
     repeat_variance[scorer]: mean over cells of the variance of the probability draws across
-    passes (a bias has ~0 repeat variance, noise does not)."""
+    passes over the real positions (a bias has ~0 repeat variance, noise does not)."""
 
     pair_a: tuple[str, str]
     pair_b: tuple[str, str]
@@ -53,7 +54,7 @@ def zero_mass_rates(pool: Pool) -> ZeroMassRates:
     scorers = list(pool.logprobs[SIDES[0]])
     zero = {s: {sc: _zero_positions(pool.logprobs[s][sc]) for sc in scorers} for s in SIDES}
     trajectory = {s: {sc: float(z.any(axis=1).mean()) for sc, z in zero[s].items()} for s in SIDES}
-    position = {s: {sc: float(z.mean()) for sc, z in zero[s].items()} for s in SIDES}
+    position = {s: {sc: float(z[real_cells(pool, s)].mean()) for sc, z in zero[s].items()} for s in SIDES}
     own = {sc: trajectory[s][sc] for s, sc in zip(SIDES, pool.spec.samplers) if sc in scorers}
     return ZeroMassRates(trajectory, position, own)
 
@@ -84,8 +85,8 @@ def compare_scorers(pool: Pool, pair_b, pair_a=None) -> ScorerComparison:
         raise ValueError(f"pair {pair_a} gives identical log-probabilities on every shared trajectory; "
                          "the compression slope is undefined")
     scorers = sorted(set(pair_a) | set(pair_b))
-    variance = {s: float(np.mean([np.exp(pool.logprobs[side][s].astype(np.float64)).var(axis=-1).mean()
-                                  for side in SIDES])) for s in scorers}
+    cell_variance = lambda side, s: np.exp(pool.logprobs[side][s].astype(np.float64)).var(axis=-1)[real_cells(pool, side)]
+    variance = {s: float(np.mean([cell_variance(side, s).mean() for side in SIDES])) for s in scorers}
     mismatch = lambda tv: (tv.mismatch_rate_pi + tv.mismatch_rate_mu) / 2
     return ScorerComparison(pair_a, pair_b, tv_a, tv_b, mismatch(tv_a), mismatch(tv_b),
                             float(np.abs(a).mean()), float(np.abs(b).mean()), float(shift), float(shift_se),

@@ -13,8 +13,8 @@ from tvjax.analysis.currency import (
     lr_values,
     path_logprobs,
     permutation_streams,
+    pool_queries,
     powers_of_two,
-    sample_queries,
     shuffle_repeats,
     z_values,
 )
@@ -132,14 +132,16 @@ def tv_estimate(pool: Pool, pair=None, repeats: int | None = None, hygiene: Hygi
     mismatch, shared = (miss_pi.mean() + miss_mu.mean()) / 2, (shared_pi.mean() + shared_mu.mean()) / 2
     low, high = bootstrap_ci(np.random.default_rng(seed), z_pi, z_mu, num_resamples, confidence)
     sizes = (len(z_pi), len(z_mu))
-    queries = sample_queries(pool.spec.n, r, sides=1) * (sizes[0] + sizes[1])
+    queries = pool_queries(pool, r)
     return TVReport(float(value), float(stderr), low, high, float(arm_pi), float(se_pi), float(arm_mu),
                     float(se_mu), float(shared), float(mismatch), float(miss_pi.mean()),
                     float(miss_mu.mean()), float(lr_pi.mean()), float(lr_mu.mean()), r, sizes, int(queries), pair)
 
 
 def tv_by_prefix(pool: Pool, pair=None, repeats: int | None = None, hygiene: Hygiene = Hygiene()) -> PrefixCurve:
-    """TV between the length-t prefix marginals for every t, from the same trajectories and draws."""
+    """TV between the length-t prefix marginals for every t, from the same trajectories and draws.
+    A trajectory that stopped before t is its whole output in the prefix marginal (its padded
+    positions are deterministic), so the curve ends at the TV of the outputs."""
     pair = default_pair(pool, pair)
     r = int(pool.passes.size if repeats is None else repeats)
     (z_pi, miss_pi, _, _), (z_mu, miss_mu, _, _) = prefix_terms(pool, pair, r, hygiene).values()

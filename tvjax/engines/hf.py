@@ -8,10 +8,19 @@ Engine config keys (configs/engine/transformers.yaml):
   top_k: int | null       (engine-applied truncation; null = none)
   device: cpu | cuda ...
   threads: torch intra-op threads (null = torch's default)
+  eos: suppress | stop    (tvjax.engines.protocol.Eos)
 
 Replay: a `LogitsProcessor` sees each step's scores after EOS suppression and before the top-k
 warper (transformers runs custom processors before warpers), records the renormalized top-k
 log-softmax, and forces the trajectory's token; `generate` then decodes along the trajectory.
+
+eos=suppress: `min_new_tokens=n` and `suppress_tokens` keep EOS out, every row has n tokens.
+eos=stop: `generate` gets the EOS ids as `eos_token_id` (pad_token_id = the smallest), nothing
+banned: a row finishes at its first EOS (the EOS step's scores are recorded; generate pads the
+row after it), and generate ends early once every row has finished. Sampling pads its output to n
+(`collect_sampled`); replay forces the pool's trajectories (their pad after EOS is generate's own),
+so a forced EOS finishes its row, and records of the steps generate did not run are placeholders
+that the worker replaces by the pad (`protocol.pad_scored`), as it does the steps after EOS.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import torch
 
 from tvjax.engines import replay
 from tvjax.engines.models import resolve
-from tvjax.engines.protocol import EngineError, Sampled, Scored
+from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
 from tvjax.engines.tokens import eos_ids, load_tokenizer
 
 SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -69,7 +78,7 @@ class TransformersBridge:
         self.model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=gguf, dtype=DTYPES[dtype],
             attn_implementation=config.get("attn_implementation", "sdpa")).to(self.device).eval()
-        self.banned = eos_ids(self.tokenizer, self.model.generation_config.eos_token_id)
+        self.eos = eos_policy(config, eos_ids(self.tokenizer, self.model.generation_config.eos_token_id))
 
     def _attention(self):
         backend = self.config.get("sdpa_backend")
@@ -84,37 +93,40 @@ class TransformersBridge:
     def _generate(self, prompt_ids, num, n, seed, processor):
         from transformers import GenerationConfig, LogitsProcessorList
 
+        eos = self.eos
+        fixed = {} if eos.stops else {"min_new_tokens": n, "suppress_tokens": eos.banned}
         gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=self.k or 0, top_p=1.0,
-                               max_new_tokens=n, min_new_tokens=n, suppress_tokens=self.banned,
-                               eos_token_id=self.banned, pad_token_id=self.banned[0],
-                               output_scores=True, return_dict_in_generate=True)
+                               max_new_tokens=n, eos_token_id=list(eos.ids), pad_token_id=eos.pad,
+                               output_scores=True, return_dict_in_generate=True, **fixed)
         input_ids = torch.tensor([prompt_ids] * num, device=self.device)
         torch.manual_seed(seed)
         with torch.inference_mode(), self._attention():
             out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                                       generation_config=gen, logits_processor=LogitsProcessorList([processor]))
         tokens = out.sequences[:, len(prompt_ids):].cpu()
-        if tokens.shape != (num, n):
+        # under eos=stop generate ends early once every row has finished
+        if tokens.shape[0] != num or not (tokens.shape[1] == n or (self.eos.stops and 1 <= tokens.shape[1] < n)):
             raise EngineError(f"generate returned {tuple(tokens.shape)} tokens, expected {(num, n)}")
         return tokens, out.scores
 
     def sample(self, prompt_ids, num, n, seed) -> Sampled:
-        processor = ReplayProcessor(len(prompt_ids), self.k, self.banned, self.width)
+        processor = ReplayProcessor(len(prompt_ids), self.k, self.eos.banned, self.width)
         tokens, scores = self._generate(prompt_ids, num, n, seed, processor)
         logprobs = torch.stack([replay.realized(torch.log_softmax(s.float().cpu(), -1), tokens[:, t])
                                 for t, s in enumerate(scores)], 1)
-        return Sampled(tokens.numpy().astype(np.int32), logprobs.numpy().astype(np.float32))
+        return collect_sampled(tokens.numpy(), logprobs.numpy(), n, self.eos)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
         targets = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-        processor = ReplayProcessor(len(prompt_ids), self.k, self.banned, self.width, targets)
+        processor = ReplayProcessor(len(prompt_ids), self.k, self.eos.banned, self.width, targets)
         replayed, _ = self._generate(prompt_ids, targets.shape[0], targets.shape[1], seed, processor)
-        if not torch.equal(replayed, targets):
-            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
-        return replay.to_scored(replay.stack(processor.records, 1))
+        check_replayed(replayed.numpy(), targets.numpy(), self.eos)
+        return replay.to_scored(replay.pad_steps(replay.stack(processor.records, 1), targets.shape[1], axis=1))
 
     def sequence_score(self, prompt_ids, tokens, chunk: int = 8) -> Scored:
-        """Second, non-default scorer: one full-sequence forward pass (the prefill path)."""
+        """Second, non-default scorer: one full-sequence forward pass (the prefill path); under
+        eos=stop the pad after a row's EOS is fed too (causal attention: it changes no earlier
+        position) and its positions are replaced by the worker."""
         tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
         p = len(prompt_ids)
         parts = []
@@ -122,7 +134,7 @@ class TransformersBridge:
             ids = torch.cat([torch.tensor([prompt_ids] * rows.shape[0]), rows], 1).to(self.device)
             with torch.inference_mode(), self._attention():
                 logits = self.model(ids).logits[:, p - 1:-1].float().cpu()
-            logprobs = replay.topk_logprobs(replay.suppress(logits.flatten(0, 1), self.banned), self.k)
+            logprobs = replay.topk_logprobs(replay.suppress(logits.flatten(0, 1), self.eos.banned), self.k)
             ids_w, vals_w = replay.readout(logprobs, self.width)
             record = replay.StepRecord(replay.realized(logprobs, rows.flatten()), ids_w, vals_w)
             parts.append([t.reshape(*rows.shape, *t.shape[1:]) for t in record])
@@ -132,7 +144,7 @@ class TransformersBridge:
         import transformers
 
         return {"engine": "transformers", "engine_version": transformers.__version__,
-                "torch_version": torch.__version__, "eos_ids": self.banned}
+                "torch_version": torch.__version__, "eos_ids": list(self.eos.ids), "eos": self.eos.mode}
 
     def close(self) -> None:
         del self.model

@@ -2,7 +2,7 @@
 
 Engine config keys (configs/engine/openai.yaml): base_url, served_model, api_key_env, model (local
 tokenizer source for the chat template and the EOS ids), top_k, top_logprobs, max_requests,
-requests_per_second, max_retries, timeout_s, max_concurrency, seed.
+requests_per_second, max_retries, timeout_s, max_concurrency, seed, eos (suppress | stop).
 
 What this access model measures (see the README section "Real engines" for the full account):
 * trajectories: /v1/completions with the chat-templated prompt as token ids, temperature 1, top_k
@@ -16,6 +16,12 @@ What this access model measures (see the README section "Real engines" for the f
 * sequence scoring: one echo request per trajectory (prompt log-probabilities).
 It needs token ids in the response (`return_tokens_as_token_ids`, a vLLM/SGLang extension): a
 server that only returns token strings is refused rather than re-tokenized.
+
+eos=stop: no logit_bias on EOS and no ignore_eos, so the server stops a completion at EOS as it
+serves it; a completion shorter than n must have finish_reason "stop" on an EOS id (anything else,
+a stop string say, is refused). Readouts keep EOS (its probability is part of the record); replay
+sends per-prefix requests only for a trajectory's real positions (up to and including its EOS:
+sum of lengths requests per pass, not N * n), and the worker pads the rest.
 """
 
 from __future__ import annotations
@@ -27,11 +33,12 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
-from tvjax.engines.readouts import score_trajectories
+from tvjax.engines.protocol import EngineError, Sampled, Scored, collect_sampled, derive_seed, eos_policy
+from tvjax.engines.readouts import score_trajectories, score_trajectory
 from tvjax.engines.tokens import eos_ids, generation_config_eos, load_tokenizer
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -110,14 +117,55 @@ def readouts_of(logprobs: dict) -> tuple[list[int], list[float], list[dict[int, 
     return ids, own, tops
 
 
+class TextSamples(NamedTuple):
+    """Completions of one side: the texts and each one's finish_reason ("stop": ended by the model,
+    "length": cut at max_tokens)."""
+
+    texts: list[str]
+    finish_reasons: list[str]
+
+
+class TextEndpoint:
+    """A chat endpoint that returns text only. Config keys: base_url, served_model (null: ask
+    /v1/models), api_key_env, temperature (default 1), top_p (default 1), extra_body (further
+    request fields, e.g. {top_k: 20} for servers that take it), max_requests,
+    requests_per_second, max_retries, timeout_s, max_concurrency."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        api_key = os.environ.get(config.get("api_key_env") or "", None)
+        self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
+                             config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
+        self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
+        self.workers = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
+
+    def _body(self, messages: list[dict], max_tokens: int, seed: int) -> dict:
+        return {"model": self.served, "messages": messages, "max_tokens": int(max_tokens),
+                "temperature": float(self.config.get("temperature", 1.0)), "top_p": float(self.config.get("top_p", 1.0)),
+                "seed": seed, **dict(self.config.get("extra_body") or {})}
+
+    def sample_texts(self, messages: list[dict], num: int, max_tokens: int, seed: int) -> TextSamples:
+        """`num` completions, request i with seed derive_seed(seed, i), in request order."""
+        bodies = [self._body(messages, max_tokens, derive_seed(seed, i)) for i in range(num)]
+        self.client.reserve(len(bodies))
+        choices = list(self.workers.map(lambda b: self.client.request("/chat/completions", b)["choices"][0], bodies))
+        texts = [choice["message"].get("content") for choice in choices]
+        if any(not isinstance(t, str) for t in texts):
+            raise EngineError("a chat completion returned no text content (a tool call or a refusal?)")
+        return TextSamples(texts, [str(choice.get("finish_reason")) for choice in choices])
+
+    def close(self) -> None:
+        self.workers.shutdown()
+
+
 class OpenAIBridge:
     def __init__(self, config: dict, width: int):
         self.config, self.width, self.k = config, width, config.get("top_k")
         if self.k is None:
             raise ValueError("the OpenAI bridge needs a finite top_k (its readouts are top-K lists)")
         self.tokenizer = load_tokenizer(config["model"])
-        self.banned = eos_ids(self.tokenizer, generation_config_eos(config["model"]))
-        self.num_top = int(config.get("top_logprobs") or (self.k + len(self.banned)))
+        self.eos = eos_policy(config, eos_ids(self.tokenizer, generation_config_eos(config["model"])))
+        self.num_top = int(config.get("top_logprobs") or (self.k + len(self.eos.banned)))
         api_key = os.environ.get(config.get("api_key_env") or "", None)
         self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
                              config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
@@ -125,54 +173,59 @@ class OpenAIBridge:
         self.pool = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
 
     def _body(self, prompt: list[int], max_tokens: int, seed: int, **extra) -> dict:
+        banned = {} if self.eos.stops else {"logit_bias": {str(b): -100 for b in self.eos.banned}, "ignore_eos": True}
         return {"model": self.served, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0,
                 "top_p": 1.0, "top_k": self.k, "seed": seed, "logprobs": self.num_top,
-                "logit_bias": {str(b): -100 for b in self.banned}, "ignore_eos": True,
-                "return_tokens_as_token_ids": True, **extra}
+                "return_tokens_as_token_ids": True, **banned, **extra}
 
     def _complete(self, bodies: list[dict]) -> list[dict]:
         self.client.reserve(len(bodies))
         return list(self.pool.map(lambda b: self.client.request("/completions", b)["choices"][0], bodies))
 
     def _score(self, readouts: list[list[dict[int, float]]], tokens) -> Scored:
-        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
+        return score_trajectories(readouts, tokens, self.k, self.eos.banned, self.width)
 
     def sample(self, prompt_ids, num, n, seed) -> Sampled:
         choices = self._complete([self._body(prompt_ids, n, derive_seed(seed, i)) for i in range(num)])
-        tokens, readouts = [], []
+        rows, logprobs = [], []
         for choice in choices:
             ids, _own, tops = readouts_of(choice["logprobs"])
-            if len(ids) != n:
-                raise EngineError(f"the server returned {len(ids)} tokens, expected {n} (EOS not suppressed?)")
-            tokens.append(ids)
-            readouts.append(tops)
-        return Sampled(np.array(tokens, dtype=np.int32), self._score(readouts, tokens).logprobs)
+            if self.eos.stops and choice.get("finish_reason") == "stop" and (not ids or ids[-1] not in self.eos.ids):
+                raise EngineError(f"a completion finished with reason 'stop' on {ids[-1:]}, not on an EOS id "
+                                  f"{list(self.eos.ids)} (a stop string?)")
+            rows.append(ids)
+            logprobs.append(score_trajectory(tops, ids, self.k, self.eos.banned, self.width).logprobs)
+        return collect_sampled(rows, logprobs, n, self.eos)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
-        """Per-prefix readouts: N * n requests with max_tokens=1 (see module doc)."""
+        """Per-prefix readouts: one request with max_tokens=1 per real position (N * n under
+        eos=suppress; see module doc)."""
         tokens = np.asarray(tokens)
-        N, n = tokens.shape
+        lengths = self.eos.lengths(tokens)
         bodies = [self._body(list(prompt_ids) + tokens[i, :t].tolist(), 1, derive_seed(seed, i, t))
-                  for i in range(N) for t in range(n)]
+                  for i, length in enumerate(lengths) for t in range(length)]
         tops = [readouts_of(c["logprobs"])[2][0] for c in self._complete(bodies)]
-        return self._score([tops[i * n:(i + 1) * n] for i in range(N)], tokens)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        return self._score([tops[a:b] for a, b in zip(starts[:-1], starts[1:])], tokens)
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
-        """Second, non-default scorer: one echo request per trajectory (prompt log-probabilities)."""
+        """Second, non-default scorer: one echo request per trajectory (prompt log-probabilities),
+        of its real positions under eos=stop."""
         tokens = np.asarray(tokens)
         p = len(prompt_ids)
-        bodies = [self._body(list(prompt_ids) + row.tolist(), 1, 0, echo=True) for row in tokens]
+        rows = [row[:length].tolist() for row, length in zip(tokens, self.eos.lengths(tokens))]
+        bodies = [self._body(list(prompt_ids) + row, 1, 0, echo=True) for row in rows]
         readouts = []
-        for choice, row in zip(self._complete(bodies), tokens):
+        for choice, row in zip(self._complete(bodies), rows):
             ids, _own, tops = readouts_of(choice["logprobs"])
-            if ids[p:p + len(row)] != row.tolist():
+            if ids[p:p + len(row)] != row:
                 raise EngineError("the echoed prompt is not the trajectory: the server re-tokenized it")
             readouts.append(tops[p:p + len(row)])
         return self._score(readouts, tokens)
 
     def describe(self) -> dict:
         return {"engine": "openai-compatible", "base_url": self.config["base_url"], "served_model": self.served,
-                "eos_ids": self.banned, "top_logprobs": self.num_top}
+                "eos_ids": list(self.eos.ids), "eos": self.eos.mode, "top_logprobs": self.num_top}
 
     def close(self) -> None:
         self.pool.shutdown()

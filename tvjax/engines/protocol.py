@@ -13,6 +13,14 @@ scoring passes over the side's trajectories (one shard per pass); `task_shard_ke
 the worker and the campaign alike. A task whose shards are committed is skipped, so a killed job
 resumes where it stopped. The engine config's `name` is its scorer name
 in the pool; its `seed` is the base seed of the side it samples.
+
+EOS (engine config key `eos`, `Eos`): "suppress" (the default, the paper's protocol) gives the EOS
+ids no mass, so every trajectory has exactly n tokens, in a fixed-length pool; "stop" lets EOS be
+sampled and ends a row at its first EOS id, in a pool created with those `eos_ids` (tvjax.pools):
+the row is padded with eos_ids[0] to n, its length is stored, the EOS step is scored like any other
+(EOS not banned: its probability is part of the record) and every position after it is the
+deterministic pad (`pad_scored`). An engine whose mode or EOS ids differ from the pool's is refused
+before it writes anything (`check_eos`).
 """
 
 from __future__ import annotations
@@ -27,14 +35,58 @@ import numpy as np
 from tvjax import pools
 
 SCORINGS = ("replay", "sequence")
+EOS_MODES = ("suppress", "stop")
+
+
+class Eos(NamedTuple):
+    """How an engine session treats its model's EOS ids (sorted): mode "suppress" bans them at every
+    step; mode "stop" lets them be drawn and ends a row at the first one, padded with `pad`."""
+
+    mode: str
+    ids: tuple[int, ...]
+
+    @property
+    def stops(self) -> bool:
+        return self.mode == "stop"
+
+    @property
+    def banned(self) -> list[int]:
+        """The ids that get -inf before truncation: all EOS ids under "suppress", none under "stop"."""
+        return [] if self.stops else list(self.ids)
+
+    @property
+    def pad(self) -> int:
+        """The token after a stopped row's end (the pool's pad: the smallest EOS id)."""
+        return self.ids[0]
+
+    def lengths(self, tokens) -> np.ndarray:
+        """int32 [N]: real positions of trajectories [N, n] (n throughout under "suppress")."""
+        tokens = np.asarray(tokens)
+        if self.stops:
+            return pools.stopped_lengths(tokens, self.ids)
+        return np.full(tokens.shape[0], tokens.shape[1], np.int32)
+
+
+def eos_policy(config: dict, ids) -> Eos:
+    """The Eos of an engine config (key `eos`, default "suppress") for the model's EOS ids."""
+    mode = config.get("eos") or "suppress"
+    if mode not in EOS_MODES:
+        raise ValueError(f"engine config eos must be one of {EOS_MODES}, got {mode!r}")
+    ids = tuple(sorted({int(i) for i in ids}))
+    if not ids:
+        raise EngineError(f"eos={mode} needs the model's EOS ids, and it declares none")
+    return Eos(mode, ids)
 
 
 class Sampled(NamedTuple):
     """tokens: int [N, n]; logprobs: float32 [N, n] the engine's own log-probability of each sampled
-    token at sampling time (after top-k, temperature 1)."""
+    token at sampling time (after top-k, temperature 1); lengths: int32 [N] real positions of each
+    row under eos="stop" (tokens after a row's end are the pad, their log-probability 0), None under
+    "suppress" (every row has n tokens). Bridges build it with `collect_sampled`."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
+    lengths: np.ndarray | None = None
 
 
 class Scored(NamedTuple):
@@ -51,6 +103,7 @@ class Bridge(Protocol):
     engine's own tokenizer: the prompt is chat-templated by it (tvjax.engines.tokens.prompt_ids)."""
 
     tokenizer: Any
+    eos: Eos  # the engine config's `eos` mode and the model's EOS ids
 
     def sample(self, prompt_ids: list[int], num: int, n: int, seed: int) -> Sampled: ...
 
@@ -65,6 +118,67 @@ class Bridge(Protocol):
 
 class EngineError(RuntimeError):
     """An engine did something the measurement cannot accept (forcing failed, short output, ...)."""
+
+
+def collect_sampled(rows, values, n: int, eos: Eos) -> Sampled:
+    """A Sampled from an engine's per-row outputs: token ids and their sampling-time log-probs
+    (sequences of equal length per row; rows may differ in length).
+
+    eos="suppress": every row has exactly n tokens and none is an EOS id. eos="stop": a row ends at
+    its first EOS id (included; whatever an engine appended after it, e.g. generate's padding, is
+    dropped) or has n tokens without one; it is padded with eos.pad (log-prob 0) to n, and its
+    length is recorded."""
+    tokens = np.full((len(rows), n), eos.pad, np.int32)
+    logprobs = np.zeros((len(rows), n), np.float32)
+    for i, (row, lp) in enumerate(zip(rows, values)):
+        row, lp = np.asarray(row, np.int64).ravel(), np.asarray(lp, np.float32).ravel()
+        if len(row) != len(lp):
+            raise EngineError(f"row {i}: {len(row)} tokens but {len(lp)} log-probabilities")
+        hits = np.flatnonzero(np.isin(row, eos.ids)) if eos.stops else np.zeros(0, np.int64)
+        end = int(hits[0]) + 1 if hits.size else len(row)
+        if end > n or (not hits.size and len(row) != n):
+            raise EngineError(f"row {i}: the engine returned {len(row)} tokens, expected "
+                              + (f"at most {n} ending at an EOS id {list(eos.ids)}, or {n}" if eos.stops
+                                 else f"{n} (EOS not suppressed?)"))
+        tokens[i, :end], logprobs[i, :end] = row[:end], lp[:end]
+    if not eos.stops:
+        if np.isin(tokens, eos.ids).any():
+            raise EngineError(f"an engine sampled an EOS id {list(eos.ids)} under eos=suppress")
+        return Sampled(tokens, logprobs)
+    return Sampled(tokens, logprobs, eos.lengths(tokens))
+
+
+def check_replayed(rows, tokens, eos: Eos) -> None:
+    """Forcing check: every replayed row (a sequence; an engine that stopped a request at EOS
+    returns it up to there, one that ran on returns its padding after it) equals its trajectory up
+    to the trajectory's length."""
+    tokens = np.asarray(tokens)
+    if len(rows) != len(tokens):
+        raise EngineError(f"forcing failed: {len(rows)} replayed rows for {len(tokens)} trajectories")
+    for row, target, length in zip(rows, tokens, eos.lengths(tokens)):
+        row = np.asarray(row).ravel()
+        if len(row) < length or not np.array_equal(row[:length], target[:length]):
+            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
+
+
+def pad_scored(scored: Scored, lengths, pad: int) -> Scored:
+    """A Scored whose positions after each row's end are the deterministic pad (pools.pad_stopped):
+    what a bridge computed there under eos="stop" (placeholders, or scores of a context past EOS)
+    is replaced."""
+    return Scored(*pools.pad_stopped(lengths, pad, scored.logprobs, scored.topk_ids, scored.topk_logprobs))
+
+
+def check_eos(spec: pools.PoolSpec, name: str, eos: Eos) -> None:
+    """Refuse an engine whose EOS treatment differs from the pool's (before it writes anything)."""
+    if eos.stops and not spec.stops:
+        raise EngineError(f"engine {name!r} runs with eos=stop but the pool stores no lengths: create it with "
+                          f"eos_ids (e.g. {list(eos.ids)}), or run the engine with eos=suppress")
+    if not eos.stops and spec.stops:
+        raise EngineError(f"engine {name!r} runs with eos=suppress but the pool's outputs stop at EOS ids "
+                          f"{list(spec.eos_ids)}: run it with eos=stop, or use a fixed-length pool")
+    if eos.stops and tuple(eos.ids) != tuple(spec.eos_ids):
+        raise EngineError(f"engine {name!r} has EOS ids {list(eos.ids)}, the pool's are {list(spec.eos_ids)}: "
+                          "two sides with different EOS tokens cannot be compared")
 
 
 def derive_seed(*parts: int) -> int:
@@ -145,6 +259,7 @@ def run_tasks(job: dict, bridge: Bridge, prompt_ids: list[int]) -> None:
         raise EngineError("engine pools store a top-k readout: create the pool with top_k set")
     if name not in spec.scorers:
         raise EngineError(f"engine name {name!r} is not a scorer of the pool ({spec.scorers})")
+    check_eos(spec, name, bridge.eos)
     check_prompt(writer, prompt_ids)
     for task in job["tasks"]:
         keys = task_shard_keys(task, name, spec)
@@ -166,13 +281,18 @@ def _sample_task(writer, bridge, prompt_ids, side, seed, key) -> None:
         raise EngineError(f"sampled tokens of shape {sampled.tokens.shape}, expected {(spec.num_per_side, spec.n)}")
     if not np.isfinite(sampled.logprobs).all():
         raise EngineError("an engine reported zero mass for a token it sampled itself")
-    writer.write_tokens(side, 0, sampled.tokens, sample_logprobs=sampled.logprobs if spec.sample_logprobs else None)
+    if (sampled.lengths is not None) != spec.stops:
+        raise EngineError(f"the engine returned {'no ' if sampled.lengths is None else ''}lengths for a "
+                          f"{'stopping' if spec.stops else 'fixed-length'} pool")
+    writer.write_tokens(side, 0, sampled.tokens, sample_logprobs=sampled.logprobs if spec.sample_logprobs else None,
+                        lengths=sampled.lengths)
     emit("shard", key=key, seconds=timer.seconds())
 
 
 def _score_task(writer, bridge, prompt_ids, job, side, width, keys) -> None:
-    engine = job["engine"]
+    engine, spec = job["engine"], writer.spec
     tokens = pools.read_tokens(writer.path, side)
+    lengths = pools.read_lengths(writer.path, side) if spec.stops else None
     for j, key in enumerate(keys):
         if writer.is_done(key):
             emit("skip", key=key)
@@ -182,6 +302,8 @@ def _score_task(writer, bridge, prompt_ids, job, side, width, keys) -> None:
             scored = bridge.replay(prompt_ids, tokens, pass_seed(int(engine["seed"]), side, j))
         else:
             scored = bridge.sequence_score(prompt_ids, tokens)
+        if lengths is not None:
+            scored = pad_scored(scored, lengths, spec.eos_ids[0])
         check_scored(scored, tokens, width)
         writer.write_draws(side, engine["name"], 0, j, scored.logprobs[:, :, None],
                            topk_ids=scored.topk_ids[:, :, None, :], topk_logprobs=scored.topk_logprobs[:, :, None, :])

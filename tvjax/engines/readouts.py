@@ -1,9 +1,9 @@
 """Scoring from top-K readouts, in numpy: for engines that only expose top-K lists of log-probabilities
 (prompt log-probs of vLLM and SGLang, OpenAI-compatible servers), so the HTTP bridge needs no torch.
 
-A readout is {token_id: full-softmax log-prob} at one position. Banned tokens (EOS) are dropped and
-the rest renormalized over its tie-inclusive top-k, as `tvjax.engines.replay.topk_logprobs` does
-on full logits.
+A readout is {token_id: full-softmax log-prob} at one position. Banned tokens (the EOS ids under
+eos=suppress; none under eos=stop) are dropped and the rest renormalized over its tie-inclusive
+top-k, as `tvjax.engines.replay.topk_logprobs` does on full logits.
 """
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ def score_trajectory(readouts: list[dict[int, float]], tokens, k: int | None, ba
 
 
 def score_trajectories(readouts: list[list[dict[int, float]]], tokens, k: int | None, banned_ids, width: int) -> Scored:
-    """Scores [N, n] / [N, n, width] of N trajectories from their per-position readouts."""
-    parts = [score_trajectory(r, row, k, banned_ids, width) for r, row in zip(readouts, tokens)]
-    return Scored(*(np.stack(column) for column in zip(*parts)))
+    """Scores [N, n] / [N, n, width] of N trajectories [N, n] from their per-position readouts.
+
+    A row may have fewer readouts than positions (an output that stopped at EOS: no readout after
+    its end); its later positions hold placeholders (0, ids -1, -inf) for `protocol.pad_scored`."""
+    tokens = np.asarray(tokens)
+    N, n = tokens.shape
+    out = Scored(np.zeros((N, n), np.float32), np.full((N, n, width), -1, np.int32),
+                 np.full((N, n, width), NEG_INF, np.float32))
+    for i, (r, row) in enumerate(zip(readouts, tokens)):
+        if len(r) > n:
+            raise ValueError(f"row {i}: {len(r)} readouts for {n} positions")
+        for full, part in zip(out, score_trajectory(r, row[:len(r)], k, banned_ids, width)):
+            full[i, :len(r)] = part
+    return out

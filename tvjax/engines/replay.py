@@ -2,7 +2,9 @@
 
 One engine step of the replay oracle, for a batch of rows of raw next-token logits:
 
-1. ``suppress``: the banned tokens (EOS, for fixed-length sampling) get -inf, before any truncation;
+1. ``suppress``: the banned tokens (the EOS ids under eos=suppress, fixed-length sampling; none under
+   eos=stop, where the EOS token's probability is recorded like any other) get -inf, before any
+   truncation;
 2. ``topk_logprobs``: log-softmax renormalized over the tie-inclusive top-k set (every token whose
    logit is >= the k-th largest), -inf outside it. This is the distribution the engine samples from
    at temperature 1, and so one draw of the next-token distribution;
@@ -53,6 +55,22 @@ def to_scored(record: StepRecord) -> Scored:
     return Scored(record.realized.cpu().numpy().astype(np.float32),
                   record.topk_ids.cpu().numpy().astype(np.int32),
                   record.topk_logprobs.cpu().numpy().astype(np.float32))
+
+
+def pad_steps(record: StepRecord, n: int, axis: int = 0) -> StepRecord:
+    """A record of the first m <= n steps (steps along `axis`) cut or extended to n steps; the added
+    steps hold placeholders (realized 0, ids 0, log-probs -inf): they are the steps after an output
+    stopped at EOS, which `protocol.pad_scored` replaces by the pad."""
+    m = record.realized.shape[axis]
+    if m >= n:
+        return StepRecord(*(t.narrow(axis, 0, n) for t in record))
+
+    def extend(t, fill):
+        shape = list(t.shape)
+        shape[axis] = n - m
+        return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], axis)
+
+    return StepRecord(extend(record.realized, 0.0), extend(record.topk_ids, 0), extend(record.topk_logprobs, NEG_INF))
 
 
 def suppress(logits: torch.Tensor, banned_ids) -> torch.Tensor:

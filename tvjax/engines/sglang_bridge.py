@@ -1,7 +1,7 @@
 """SGLang bridge through its custom logit processor (GPU only: SGLang does not run on this CPU).
 
 Engine config keys (configs/engine/sglang.yaml): model (a model folder), dtype, top_k,
-mem_fraction_static, engine_args (extra sglang.Engine keyword arguments), seed.
+mem_fraction_static, engine_args (extra sglang.Engine keyword arguments), seed, eos (suppress | stop).
 
 The measurement flags of appendix B.1 are fixed: disable_cuda_graph=True, disable_radix_cache=True
 (no prefix reuse across replay passes), enable_custom_logit_processor=True, all N requests of a
@@ -11,6 +11,12 @@ All arithmetic lives in `process_batch`, a plain torch function tested on synthe
 SGLang glue only feeds it each row's custom params and step and ships the records back. SGLang runs
 its scheduler in another process, so records travel through files: one JSON line per (request,
 step) under a per-pass folder.
+
+eos=suppress: ignore_eos and EOS banned, n steps per request. eos=stop: stop_token_ids = the EOS ids
+(no_stop_trim, so the EOS stays in output_ids), nothing banned: a request, sampled or replayed,
+finishes at its first EOS with a record of every step up to and including it; the missing steps
+are placeholders that the worker replaces by the pad (`protocol.pad_scored`). (Untested here: no
+CUDA; the arithmetic is `process_batch`, tested on synthetic logits.)
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 import torch
 
 from tvjax.engines import replay
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories
 from tvjax.engines.tokens import eos_ids
 
@@ -70,7 +76,8 @@ def write_records(params: list[dict | None], steps: list[int], records: dict[int
 
 
 def read_records(path: Path, n: int) -> replay.StepRecord:
-    """A request's record file -> record with [n] / [n, width] tensors; refuses gaps and repeats."""
+    """A request's record file -> record with [n] / [n, width] tensors (n: the steps the request
+    ran, its output length); refuses gaps and repeats."""
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     steps = [x["step"] for x in lines]
     if sorted(steps) != list(range(n)):
@@ -106,64 +113,65 @@ class SGLangBridge:
                                     mem_fraction_static=float(config.get("mem_fraction_static", 0.5)),
                                     **dict(config.get("engine_args") or {}))
         self.tokenizer = self.engine.tokenizer_manager.tokenizer
-        self.banned = eos_ids(self.tokenizer)
+        self.eos = eos_policy(config, eos_ids(self.tokenizer))
         self.processor = processor_class().to_str()
 
     def _run(self, prompt_ids, rows: list[dict], n: int, seed: int) -> tuple[list[list[int]], list[replay.StepRecord]]:
         folder = Path(tempfile.mkdtemp(prefix="tvjax-sglang-"))
         try:
             params = []
+            stop = ({"ignore_eos": False, "stop_token_ids": list(self.eos.ids), "no_stop_trim": True}
+                    if self.eos.stops else {"ignore_eos": True})
             for i, row in enumerate(rows):
-                custom = dict(row, k=self.k, banned=self.banned, width=self.width, record_file=str(folder / f"{i}.jsonl"))
+                custom = dict(row, k=self.k, banned=self.eos.banned, width=self.width,
+                              record_file=str(folder / f"{i}.jsonl"))
                 params.append({"temperature": 1.0, "top_p": 1.0, "top_k": self.k or -1, "min_p": 0.0,
-                               "max_new_tokens": n, "ignore_eos": True, "sampling_seed": derive_seed(seed, i),
-                               "custom_params": custom})
+                               "max_new_tokens": n, "sampling_seed": derive_seed(seed, i),
+                               "custom_params": custom, **stop})
             outs = self.engine.generate(input_ids=[list(prompt_ids)] * len(rows), sampling_params=params,
                                         custom_logit_processor=self.processor)
             tokens = [list(o["output_ids"]) for o in outs]
-            return tokens, [read_records(folder / f"{i}.jsonl", n) for i in range(len(rows))]
+            return tokens, [read_records(folder / f"{i}.jsonl", len(t)) for i, t in enumerate(tokens)]
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
     def sample(self, prompt_ids, num, n, seed) -> Sampled:
-        tokens, records = self._run(prompt_ids, [{"mode": "sample"}] * num, n, seed)
-        tokens = torch.tensor(tokens)
-        if tokens.shape != (num, n):
-            raise EngineError(f"SGLang returned {tuple(tokens.shape)} tokens, expected {(num, n)}")
-        rec = replay.stack(records, 0)
-        return Sampled(tokens.numpy().astype(np.int32),
-                       replay.lookup(rec.topk_ids, rec.topk_logprobs, tokens).numpy().astype(np.float32))
+        rows, records = self._run(prompt_ids, [{"mode": "sample"}] * num, n, seed)
+        logprobs = [replay.lookup(r.topk_ids, r.topk_logprobs, torch.tensor(row, dtype=torch.long)).numpy()
+                    for row, r in zip(rows, records)]
+        return collect_sampled(rows, logprobs, n, self.eos)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
         tokens = np.asarray(tokens)
         rows = [{"mode": "replay", "targets": row.tolist()} for row in tokens]
         replayed, records = self._run(prompt_ids, rows, tokens.shape[1], seed)
-        if not np.array_equal(np.array(replayed), tokens):
-            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
-        return replay.to_scored(replay.stack(records, 0))
+        check_replayed(replayed, tokens, self.eos)
+        return replay.to_scored(replay.stack([replay.pad_steps(r, tokens.shape[1]) for r in records], 0))
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
-        """Second, non-default scorer: SGLang's input log-probabilities (prefill path), renormalized
-        over the top-k of a readout of k + |EOS| entries with EOS removed."""
+        """Second, non-default scorer: SGLang's input log-probabilities (prefill path, the real
+        positions under eos=stop), renormalized over the top-k of a readout of k + |banned| entries
+        with the banned ids (EOS under eos=suppress) removed."""
         tokens = np.asarray(tokens)
-        p, num_top = len(prompt_ids), (self.k or self.width) + len(self.banned)
-        outs = self.engine.generate(input_ids=[list(prompt_ids) + row.tolist() for row in tokens],
+        p, num_top = len(prompt_ids), (self.k or self.width) + len(self.eos.banned)
+        rows = [row[:length] for row, length in zip(tokens, self.eos.lengths(tokens))]
+        outs = self.engine.generate(input_ids=[list(prompt_ids) + row.tolist() for row in rows],
                                     sampling_params={"max_new_tokens": 1, "temperature": 1.0},
                                     return_logprob=True, logprob_start_len=p, top_logprobs_num=num_top)
         readouts = []
-        for out, row in zip(outs, tokens):
+        for out, row in zip(outs, rows):
             tops = out["meta_info"]["input_top_logprobs"][:len(row)]
             own = out["meta_info"]["input_token_logprobs"][:len(row)]
             if [int(t) for _, t, _ in own] != row.tolist():
                 raise EngineError("SGLang's input log-probabilities are not aligned with the trajectory")
             readouts.append([{**{int(t2): lp2 for lp2, t2, _ in top}, int(t): lp} for top, (lp, t, _) in zip(tops, own)])
-        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
+        return score_trajectories(readouts, tokens, self.k, self.eos.banned, self.width)
 
     def describe(self) -> dict:
         import sglang
 
         return {"engine": "sglang", "engine_version": sglang.__version__, "torch_version": torch.__version__,
-                "eos_ids": self.banned, "disable_cuda_graph": True, "disable_radix_cache": True}
+                "eos_ids": list(self.eos.ids), "eos": self.eos.mode, "disable_cuda_graph": True, "disable_radix_cache": True}
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -2,7 +2,11 @@
 
 For tests and smoke runs of every bridge without a download:
 
-    python -m tvjax.engines.tiny_model OUT_DIR [--seed 0]
+    python -m tvjax.engines.tiny_model OUT_DIR [--seed 0] [--eos-scale 1.0]
+
+`--eos-scale` multiplies the EOS token's row of the output layer, widening the spread of its logit:
+above 1 the EOS token is often the most likely one, so outputs that stop at EOS (eos=stop) end at
+varied lengths within a few tokens.
 
 (needs torch, transformers and tokenizers: run it with .venv-transformers/bin/python).
 """
@@ -32,8 +36,9 @@ def build_tokenizer(vocab_size: int):
                                    eos_token="<|im_end|>", pad_token="<|im_end|>", chat_template=CHAT_TEMPLATE)
 
 
-def build(out: str | os.PathLike, seed: int = 0, vocab_size: int = 256) -> Path:
-    """Write the tiny model folder (config, safetensors weights, tokenizer) and return it."""
+def build(out: str | os.PathLike, seed: int = 0, vocab_size: int = 256, eos_scale: float = 1.0) -> Path:
+    """Write the tiny model folder (config, safetensors weights, tokenizer) and return it;
+    `eos_scale` multiplies the EOS row of the output layer (see module doc)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -46,6 +51,8 @@ def build(out: str | os.PathLike, seed: int = 0, vocab_size: int = 256) -> Path:
                          pad_token_id=eos, dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight[eos] *= float(eos_scale)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
     model.save_pretrained(out, safe_serialization=True)
@@ -57,8 +64,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eos-scale", type=float, default=1.0)
     args = parser.parse_args(argv)
-    print(build(args.out, args.seed))
+    print(build(args.out, args.seed, eos_scale=args.eos_scale))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tokenizer facts every bridge needs: the chat-templated prompt and the EOS ids to suppress.
+"""Tokenizer facts every bridge needs: the chat-templated prompt and the EOS ids (suppressed under
+eos=suppress, where rows stop under eos=stop; see tvjax.engines.protocol.Eos).
 
 Imports neither torch nor JAX. transformers is imported only when a tokenizer is loaded, because
 importing it pulls in torch wherever torch is installed; its tokenizer classes themselves work
@@ -34,7 +35,7 @@ def eos_ids(tokenizer, declared=None) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     if not ids:
-        raise EngineError("the model declares no EOS token; fixed-length sampling needs one to suppress")
+        raise EngineError("the model declares no EOS token: eos=suppress needs one to suppress, eos=stop one to stop at")
     return sorted({int(i) for i in ids})
 
 
@@ -46,3 +47,10 @@ def generation_config_eos(model: str):
     if gguf is not None or not path.is_file():
         return None
     return json.loads(path.read_text()).get("eos_token_id")
+
+
+def model_eos_ids(model: str) -> list[int]:
+    """A model's EOS ids from its tokenizer and generation_config.json, without loading weights
+    (what the OpenAI bridge uses; `python -m tvjax.engines.worker --describe-eos` prints it so that
+    a campaign can create a stopping pool before any engine opens)."""
+    return eos_ids(load_tokenizer(model), generation_config_eos(model))

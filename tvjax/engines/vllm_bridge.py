@@ -7,6 +7,7 @@ Engine config keys (configs/engine/vllm.yaml):
   kv_cache_gb: CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE; ignored on GPUs)
   max_model_len: null (= prompt + n, rounded up)
   engine_args: extra keyword arguments for vllm.LLM (e.g. gpu_memory_utilization)
+  eos: suppress | stop (tvjax.engines.protocol.Eos)
 
 The measurement flags of appendix B.1 are fixed: enforce_eager=True, enable_prefix_caching=False,
 all N requests of a pass in one batch (max_num_seqs >= N). The engine core runs in this process
@@ -16,12 +17,20 @@ Both are set when a bridge opens its engine (vLLM reads them then, not at import
 module imports no vLLM (whose import sets environment variables) and changes no process state.
 
 The logits processor acts on requests whose SamplingParams.extra_args carry a "tvjax" entry:
-mode "sample" suppresses EOS; mode "replay" also records the renormalized top-k log-softmax of the
+mode "sample" suppresses the entry's banned ids (EOS under eos=suppress, none under eos=stop);
+mode "replay" also records the renormalized top-k log-softmax of the
 step (before forcing) and forces the trajectory's token. vLLM applies custom (non-argmax-invariant)
 processors to the float32 logits before temperature and top-k, so the record sees exactly the
 logits the sampler truncates. Its logic is `ReplayRows`; `processor_class` makes it a vLLM
 LogitsProcessor class whose instances (created by the engine) record into the sink of the one
 bridge session that made the class.
+
+eos=suppress: ignore_eos=True and EOS banned, every request runs n steps. eos=stop: ignore_eos=False
+and stop_token_ids = the EOS ids, nothing banned: a request finishes at its first EOS, in sampling
+and in replay alike (forcing the EOS token finishes the replayed request, as it finished the sampled
+one, so the batch shrinks as it did at sampling time); the processor has recorded every step up to
+and including the EOS step, the missing steps are placeholders that the worker replaces by the pad
+(`protocol.pad_scored`).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import torch
 
 from tvjax.engines import replay
 from tvjax.engines.models import converted_dir
-from tvjax.engines.protocol import EngineError, Sampled, Scored, derive_seed
+from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories
 from tvjax.engines.tokens import eos_ids
 
@@ -150,14 +159,15 @@ class VLLMBridge:
                        logits_processors=[processor_class(self.records)], logprobs_mode="processed_logprobs",
                        **optional, **dict(config.get("engine_args") or {}))
         self.tokenizer = self.llm.get_tokenizer()
-        self.banned = eos_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config.eos_token_id)
+        self.eos = eos_policy(config, eos_ids(self.tokenizer, self.llm.llm_engine.model_config.hf_config.eos_token_id))
 
     def _params(self, n: int, seed: int, row: int, opts: dict, logprobs: int | None):
         from vllm import SamplingParams
 
+        stop = {"ignore_eos": False, "stop_token_ids": list(self.eos.ids)} if self.eos.stops else {"ignore_eos": True}
         return SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=self.k or 0, min_p=0.0, max_tokens=n,
-                              ignore_eos=True, seed=derive_seed(seed, row), logprobs=logprobs,
-                              extra_args={"tvjax": dict(opts, banned=self.banned)})
+                              seed=derive_seed(seed, row), logprobs=logprobs,
+                              extra_args={"tvjax": dict(opts, banned=self.eos.banned)}, **stop)
 
     def _generate(self, prompt_ids, params):
         from vllm.inputs import TokensPrompt
@@ -169,12 +179,8 @@ class VLLMBridge:
     def sample(self, prompt_ids, num, n, seed) -> Sampled:
         params = [self._params(n, seed, i, {"mode": "sample"}, logprobs=0) for i in range(num)]
         outs = self._generate(prompt_ids, params)
-        tokens = np.array([list(o.token_ids) for o in outs], dtype=np.int32)
-        if tokens.shape != (num, n):
-            raise EngineError(f"vLLM returned {tokens.shape} tokens, expected {(num, n)}")
-        logprobs = np.array([[step[int(t)].logprob for step, t in zip(o.logprobs, o.token_ids)] for o in outs],
-                            dtype=np.float32)
-        return Sampled(tokens, logprobs)
+        logprobs = [[step[int(t)].logprob for step, t in zip(o.logprobs, o.token_ids)] for o in outs]
+        return collect_sampled([list(o.token_ids) for o in outs], logprobs, n, self.eos)
 
     def replay(self, prompt_ids, tokens, seed) -> Scored:
         tokens = np.asarray(tokens)
@@ -183,31 +189,36 @@ class VLLMBridge:
                                                           "width": self.width, "targets": row.tolist()}, None)
                   for i, (key, row) in enumerate(zip(keys, tokens))]
         outs = self._generate(prompt_ids, params)
-        replayed = np.array([list(o.token_ids) for o in outs])
-        if replayed.shape != tokens.shape or not (replayed == tokens).all():
-            raise EngineError("forcing failed: the replayed tokens differ from the trajectory")
-        return replay.to_scored(replay.stack([replay.stack(self.records.pop(key), 0) for key in keys], 0))
+        check_replayed([list(o.token_ids) for o in outs], tokens, self.eos)
+        records = [self.records.pop(key) for key in keys]
+        short = [i for i, (r, length) in enumerate(zip(records, self.eos.lengths(tokens))) if len(r) < length]
+        if short:
+            raise EngineError(f"replayed requests {short[:5]} recorded fewer steps than their trajectories")
+        n = tokens.shape[1]
+        return replay.to_scored(replay.stack([replay.pad_steps(replay.stack(r, 0), n) for r in records], 0))
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
-        """Second, non-default scorer: vLLM's prompt log-probabilities (one prefill per trajectory),
-        renormalized over the top-k of a readout of k + |EOS| entries with EOS removed."""
+        """Second, non-default scorer: vLLM's prompt log-probabilities (one prefill per trajectory, up
+        to its length under eos=stop), renormalized over the top-k of a readout of k + |banned|
+        entries with the banned ids (EOS under eos=suppress) removed."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         tokens = np.asarray(tokens)
-        p, extra = len(prompt_ids), len(self.banned)
-        num_top = (self.k or self.width) + extra
+        p, banned = len(prompt_ids), self.eos.banned
+        num_top = (self.k or self.width) + len(banned)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=num_top)
-        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids) + row.tolist()) for row in tokens]
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids) + row[:length].tolist())
+                   for row, length in zip(tokens, self.eos.lengths(tokens))]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         readouts = [[{t: lp.logprob for t, lp in step.items()} for step in o.prompt_logprobs[p:]] for o in outs]
-        return score_trajectories(readouts, tokens, self.k, self.banned, self.width)
+        return score_trajectories(readouts, tokens, self.k, banned, self.width)
 
     def describe(self) -> dict:
         import vllm
 
         return {"engine": "vllm", "engine_version": vllm.__version__, "torch_version": torch.__version__,
-                "eos_ids": self.banned, "enforce_eager": True, "enable_prefix_caching": False}
+                "eos_ids": list(self.eos.ids), "eos": self.eos.mode, "enforce_eager": True, "enable_prefix_caching": False}
 
     def close(self) -> None:
         del self.llm

@@ -6,7 +6,8 @@ estimator's NamedTuple of `tvjax.schedules` (runtime values: one compiled progra
 size); copies=C gives C independent estimates (a leading axis of C on every field) from one stream
 of rows in one program, with optional per-copy sizes (a leading axis of C). They are not the
 estimates of C separate calls with split keys: the chunks' random keys follow the shared stream.
-Queries come from `tvjax.cost`.
+Queries come from `tvjax.cost`; trajectories that stop at EOS (`tvjax.currency.stopping_ids`)
+spend queries on their real positions only, summed as they are drawn.
 """
 
 import math
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from tvjax import cost
-from tvjax.currency import likelihood_ratio_term, mixture_z
+from tvjax.currency import likelihood_ratio_term, mixture_z, stopping_ids, trajectory_lengths
 from tvjax.programs import program
 from tvjax.schedules import Level, Samples, Schedule, check_counts, check_repeat_count, check_schedule, per_copy
 from tvjax.streaming import Moments, level_moments, stream_chunk
@@ -64,30 +65,54 @@ def check_sizes(sizes, kind):
     return sizes
 
 
+def shared_stopping_ids(pi, mu):
+    """The EOS ids at which both sides stop (() for fixed length); sides that stop differently
+    have no common sample space."""
+    ids = stopping_ids(pi)
+    if stopping_ids(mu) != ids:
+        raise ValueError(f"pi and mu stop at different EOS ids ({ids} vs {stopping_ids(mu)}): their outputs "
+                         "are not one sample space")
+    return ids
+
+
+def stream_positions(key, summand, counts, chunk, stop, n):
+    """level_moments of summand(k, segment, level, size) -> (values, paths), and the real
+    positions of every group's trajectories [segments, copies, levels]: counted as drawn when
+    they stop at the EOS ids `stop`, counts * n otherwise (no per-row work)."""
+    if not stop:
+        m = level_moments(key, lambda *args: summand(*args)[0], counts, chunk)
+        return m, jnp.asarray(counts, jnp.float32) * n
+
+    def with_lengths(*args):
+        values, paths = summand(*args)
+        return values, trajectory_lengths(paths, stop)
+
+    return level_moments(key, with_lengths, counts, chunk, positions=True)
+
+
 # --------------------------------------------------------------------------- one-sided (X ~ pi)
 
 
 def _one_sided(key, pi, mu, oracle, num, repeats, chunk, term):
-    """Moments [copies, 1] of term(L_pi, L_mu) on X ~ pi at `repeats` draws per position, num[c]
-    trajectories for copy c."""
+    """(Moments [copies, 1] of term(L_pi, L_mu) on X ~ pi at `repeats` draws per position, num[c]
+    trajectories for copy c; their queries [copies])."""
 
     draw = oracle.trajectory_sampler(pi, (pi, mu))
+    stop = shared_stopping_ids(pi, mu)
 
     def summand(k, segment, levels, size):
         k_sample, k_score = jax.random.split(k)
         paths = draw(k_sample, size)
         log_pi, log_mu = oracle.nested_path_logprobs(k_score, (pi, mu), paths, (0, repeats))
-        return term(log_pi[:, 1], log_mu[:, 1])
+        return term(log_pi[:, 1], log_mu[:, 1]), paths
 
-    m = level_moments(key, summand, num[None, :, None], chunk)
-    return Moments(*(a[0] for a in m))
+    m, positions = stream_positions(key, summand, num[None, :, None], chunk, stop, pi.n)
+    return Moments(*(a[0] for a in m)), cost.trajectory_queries(positions[0, :, 0], 1, jnp.asarray(repeats, jnp.float32))
 
 
 @program(("chunk", "term"))
 def _one_sided_program(key, pi, mu, oracle, num, repeats, chunk, term):
-    m = _one_sided(key, pi, mu, oracle, num, repeats, chunk, term)
-    queries = cost.trajectory_queries(jnp.asarray(num, jnp.float32), pi.n, jnp.asarray(repeats, jnp.float32))
-    return m, queries
+    return _one_sided(key, pi, mu, oracle, num, repeats, chunk, term)
 
 
 def one_sided(key, pi, mu, oracle, sizes, chunk, term, copies):
@@ -125,6 +150,7 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
     coarse = jnp.concatenate([jnp.zeros(1, jnp.int32), fine[:-1]])
 
     draws = [oracle.trajectory_sampler(sampler, (pi, mu)) for sampler in (pi, mu)]
+    stop = shared_stopping_ids(pi, mu)
 
     def summand(k, side, level, size):
         k_sample, k_score = jax.random.split(k)
@@ -141,11 +167,11 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
         # Most chunks hold first-level rows only (the coarsest level has most trajectories):
         # those may skip the coarse sums, which the coupled form draws and multiplies by 0.
         if not oracle.separate_first_level:
-            return coupled()
-        return jax.lax.cond(jnp.all(level == 0), first_level, coupled)
+            return coupled(), paths
+        return jax.lax.cond(jnp.all(level == 0), first_level, coupled), paths
 
-    m = level_moments(key, summand, jnp.stack([counts, counts]), chunk)
-    queries = cost.symmetric_queries(jnp.asarray(counts, jnp.float32), pi.n, jnp.asarray(repeats, jnp.float32))
+    m, positions = stream_positions(key, summand, jnp.stack([counts, counts]), chunk, stop, pi.n)
+    queries = cost.trajectory_queries(positions[0] + positions[1], 1, jnp.asarray(repeats, jnp.float32))
     return summarize_levels(jnp.mean(m.mean, 0), jnp.mean(m.variance, 0), 2.0 * counts, repeats, queries)
 
 
