@@ -16,6 +16,10 @@ order, each one engine session:
 Every shard is committed atomically; rerunning with campaign.pool=<the pool> resumes a killed
 campaign without redoing committed shards.
 
+campaign.access=text (both engines kind openai: text-only chat endpoints, the access model of a
+closed provider): N completions per side, no log-probabilities, kept in texts.jsonl beside
+campaign.pool (resumable), and tvjax.distinguish's certified TV lower bound from them, bound.json.
+
 campaign.eos (both engines' `eos`): "suppress" (default, the paper's protocol: EOS banned, n tokens
 per trajectory, a fixed-length pool) or "stop" (outputs stop at their first EOS as served: the pool
 is created with the model's EOS ids, found by `python -m tvjax.engines.worker --describe-eos` in
@@ -211,8 +215,41 @@ def run_report(pool: Path, out: str) -> None:
     subprocess.run([sys.executable, "-m", "tvjax.report", str(pool), "--out", out], cwd=ROOT, check=True)
 
 
+def run_text_campaign(cfg: DictConfig) -> Path:
+    """campaign.access=text: both engines are text-only chat endpoints (kind openai); each side's
+    N completions (at most n tokens) go to texts.jsonl beside campaign.pool, resumably, and
+    `tvjax.distinguish.distinguish_texts` certifies a TV lower bound from them (bound.json)."""
+    import jax
+
+    from tvjax.cli import text_tokenizer
+    from tvjax.distinguish import distinguish_texts
+    from tvjax.engines.openai_bridge import stored_texts
+    from tvjax.jsonable import to_jsonable
+
+    kinds = {cfg[side].kind for side in ("pi", "mu")}
+    if kinds != {"openai"}:
+        raise CampaignError(f"campaign.access=text needs two text-only endpoints (engine kind openai), got {sorted(kinds)}")
+    folder = Path(cfg.campaign.pool).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    messages, t = OmegaConf.to_container(cfg.campaign.messages), cfg.campaign.text
+    texts = [stored_texts(folder / "texts.jsonl", side, engine_config(cfg[side]), messages, int(cfg.campaign.num_per_side),
+                          int(cfg.campaign.n), int(cfg[side].seed)) for side in ("pi", "mu")]
+    result = distinguish_texts(jax.random.key(int(t.seed)), *texts, text_tokenizer(t.tokenizer), classifier=t.classifier,
+                               delta=float(t.delta))
+    print(f"TV >= {result.lower_bound:.4f} at {100 * (1 - t.delta):g}% (estimate {result.estimate:.4f}; "
+          f"{result.pi_test} + {result.mu_test} held-out completions)", flush=True)
+    record = {"pi": engine_config(cfg.pi), "mu": engine_config(cfg.mu), "text": OmegaConf.to_container(t), **result._asdict()}
+    (folder / "bound.json").write_text(json.dumps(to_jsonable(record), indent=1, allow_nan=False))
+    return folder
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="engine_campaign")
 def main(cfg: DictConfig) -> None:
+    if cfg.campaign.access == "text":
+        print(f"texts and bound: {run_text_campaign(cfg)}")
+        return
+    if cfg.campaign.access != "scores":
+        raise CampaignError(f"campaign.access must be scores or text, got {cfg.campaign.access!r}")
     pool = run_campaign(cfg)
     print(f"pool: {pool}")
     if cfg.campaign.report:

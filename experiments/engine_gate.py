@@ -13,6 +13,7 @@ serving) is the plug-in over the R passes with its bias bound, and each engine's
 (its own passes in two halves) is reported next to the verdict. Prints one verdict line, writes
 gate.json beside the rounds, and exits 0 / 1 / 2 (PASS / FAIL / INCONCLUSIVE). Rerunning with the
 same hydra.run.dir resumes: finished rounds' pools are reused, a killed round resumes its shards.
+An error (a worker that fails, a refused configuration) exits 3 with the reason, never a verdict.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tvjax import cost
 from tvjax.cli import verdict_line
 from tvjax.engines.protocol import derive_seed
 from tvjax.jsonable import to_jsonable
-from tvjax.pools import load_pool
+from tvjax.pools import PoolError, load_pool
 from tvjax.sequential import decide, noise_floor, pool_rounds, pool_scoring, sequence_estimates
 
 
@@ -92,7 +93,11 @@ def run_gate(cfg: DictConfig, folder: Path):
 def main(cfg: DictConfig) -> None:
     folder = Path(cfg.gate.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    result, pools = run_gate(cfg, folder)
+    try:
+        result, pools = run_gate(cfg, folder)
+    except (CampaignError, PoolError, ValueError) as error:  # never a verdict's exit code
+        print(f"engine_gate: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(3)
     print(verdict_line(result), flush=True)
     for scorer, floor in (result.noise_floor or {}).items():
         print(f"A/A noise floor of {scorer}: [{floor.low:.4f}, {floor.high:.4f}] (estimate {floor.value:.4f})", flush=True)

@@ -31,3 +31,6 @@ def test_engine_gate_fails_a_truncated_engine_and_resumes_its_rounds(tmp_path):
     assert 1 <= rounds <= 3 and all((run / f"round-{k}" / "pool").is_dir() for k in range(rounds))
     again = subprocess.run(gate_cmd(model, run, 0.3, 1), cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 1 and json.loads((run / "gate.json").read_text())["estimate"] == record["estimate"]
+    small = subprocess.run(gate_cmd(model, tmp_path / "small", 0.3, 1) + ["gate.budget=10"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert small.returncode == 3 and "less than one round" in small.stderr  # an error is never a verdict's code

@@ -142,3 +142,20 @@ def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server,
     again = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", offline, "--mu-url", offline, *args],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and json.loads(record.read_text())["lower_bound"] == result["lower_bound"]
+
+
+def test_text_only_campaign_through_the_campaign_runner(server, tmp_path):
+    """engine_campaign.py campaign.access=text with two openai engines (the local server at
+    temperature 1 against top_k 1 through extra_body): completions kept in texts.jsonl and the
+    certified bound in bound.json."""
+    url, model = server
+    common = [f"base_url={url}", "served_model=tiny", "requests_per_second=50", "max_concurrency=4"]
+    cmd = [sys.executable, "experiments/engine_campaign.py", "engine@pi=openai", "engine@mu=openai", "pi.name=sampled",
+           "mu.name=greedy", *(f"{side}.{kv}" for side in ("pi", "mu") for kv in common), "+mu.extra_body.top_k=1",
+           f"campaign.model={model}", "campaign.access=text", "campaign.num_per_side=100", "campaign.n=6",
+           f"campaign.pool={tmp_path / 'pool'}", f"hydra.run.dir={tmp_path}"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "TV >= " in run.stdout, run.stdout + run.stderr[-3000:]
+    bound = json.loads((tmp_path / "bound.json").read_text())
+    assert bound["lower_bound"] > 0.5 and bound["pi_test"] == 50
+    assert len((tmp_path / "texts.jsonl").read_text().splitlines()) == 200

@@ -193,31 +193,6 @@ def gate_main(argv):
     return result.exit_code
 
 
-def endpoint_texts(side, args, messages, path):
-    """`side`'s texts from its endpoint, or from the samples file when a previous run stored them
-    (requests cost money: a rerun never asks again for what it has)."""
-    from tvjax.engines.openai_bridge import TextEndpoint  # no JAX, no torch: urllib and numpy
-
-    stored = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    texts = [r["text"] for r in stored if r["side"] == side]
-    if len(texts) >= args.num:
-        return texts[: args.num]
-    config = {"base_url": getattr(args, f"{side}_url"), "served_model": getattr(args, f"{side}_model"),
-              "api_key_env": args.api_key_env, "temperature": args.temperature,
-              "extra_body": json.loads(getattr(args, f"{side}_extra") or "{}"), "max_requests": args.num,
-              "requests_per_second": args.requests_per_second}
-    endpoint = TextEndpoint(config)
-    try:
-        seed = args.seed * 2 + (side == "mu")
-        fresh = endpoint.sample_texts(messages, args.num - len(texts), args.max_tokens, seed + 1000 * len(texts))
-    finally:
-        endpoint.close()
-    with path.open("a") as handle:
-        for text, reason in zip(fresh.texts, fresh.finish_reasons):
-            handle.write(json.dumps({"side": side, "text": text, "finish_reason": reason}) + "\n")
-    return texts + fresh.texts
-
-
 def text_tokenizer(spec):
     """'bytes' (UTF-8 bytes: any endpoint) or a model spec whose tokenizer tvjax.models loads."""
     from tvjax.distinguish import ByteTokenizer
@@ -254,16 +229,20 @@ def distinguish_main(argv):
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from tvjax.distinguish import distinguish, texts_to_samples
+    from tvjax.distinguish import distinguish_texts
+    from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: urllib and numpy
     from tvjax.engines.protocol import EngineError
 
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+    config = lambda side: {"base_url": getattr(args, f"{side}_url"), "served_model": getattr(args, f"{side}_model"),
+                           "api_key_env": args.api_key_env, "temperature": args.temperature,
+                           "extra_body": json.loads(getattr(args, f"{side}_extra") or "{}"), "max_requests": args.num,
+                           "requests_per_second": args.requests_per_second}
     try:
-        texts = {side: endpoint_texts(side, args, messages, Path(args.samples)) for side in ("pi", "mu")}
-        tokenizer = text_tokenizer(args.tokenizer)
-        n = max(1, max(len(tokenizer.encode(t)) for side in texts.values() for t in side))
-        pi, mu = (texts_to_samples(texts[side], tokenizer, n=n) for side in ("pi", "mu"))
-        result = distinguish(jax.random.key(args.seed), pi, mu, classifier=args.classifier, delta=args.delta)
+        texts = [stored_texts(Path(args.samples), side, config(side), messages, args.num, args.max_tokens,
+                              2 * args.seed + index) for index, side in enumerate(("pi", "mu"))]
+        result = distinguish_texts(jax.random.key(args.seed), *texts, text_tokenizer(args.tokenizer),
+                                   classifier=args.classifier, delta=args.delta)
     except (ValueError, EngineError) as error:
         parser.exit(3, f"tvjax distinguish: error: {error}\n")
     print(f"TV >= {result.lower_bound:.4f} at {100 * (1 - args.delta):g}% (estimate {result.estimate:.4f}; "

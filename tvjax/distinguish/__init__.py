@@ -25,6 +25,7 @@ from tvjax.distinguish.samples import (
     pool_samples,
     sample_pair,
     sample_process,
+    text_pair,
     texts_to_samples,
     token_samples,
 )
@@ -36,6 +37,7 @@ from tvjax.distinguish.train import (
     copy_samples,
     distinguish,
     distinguish_copies,
+    distinguish_texts,
     held_out_rows,
     split_indices,
     split_sizes,
@@ -43,6 +45,6 @@ from tvjax.distinguish.train import (
 
 __all__ = ["clopper_pearson_lower", "clopper_pearson_upper", "tv_lower_bound", "CLASSIFIERS", "NgramClassifier",
            "TransformerClassifier", "ngram_features", "ByteTokenizer", "TokenSamples", "check_sample_pair",
-           "pool_samples", "sample_pair", "sample_process", "texts_to_samples", "token_samples",
+           "pool_samples", "sample_pair", "sample_process", "text_pair", "texts_to_samples", "token_samples",
            "DEFAULT_LEARNING_RATES", "DistinguisherResult", "SplitSizes", "TrainSettings", "copy_samples",
-           "distinguish", "distinguish_copies", "held_out_rows", "split_indices", "split_sizes"]
+           "distinguish", "distinguish_copies", "distinguish_texts", "held_out_rows", "split_indices", "split_sizes"]

@@ -114,6 +114,15 @@ def texts_to_samples(texts, tokenizer, n=None, vocab_size=None, pad_id=0):
     return token_samples(tokens, lengths, vocab_size or tokenizer_vocab_size(tokenizer))
 
 
+def text_pair(texts_pi, texts_mu, tokenizer):
+    """(pi samples, mu samples) of two sides' texts under one tokenizer, padded to one n: the
+    longest encoding of either side."""
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        texts_to_samples([], tokenizer)  # the error that names what a tokenizer needs
+    n = max([1] + [len(tokenizer.encode(t)) for texts in (texts_pi, texts_mu) for t in texts])
+    return texts_to_samples(texts_pi, tokenizer, n=n), texts_to_samples(texts_mu, tokenizer, n=n)
+
+
 def sample_process(key, process, num):
     """`num` trajectories of a process (`process.sample`) with their lengths (`trajectory_lengths`)."""
     tokens = process.sample(key, num)

@@ -24,7 +24,7 @@ from flax import nnx
 
 from tvjax.distinguish.bounds import tv_lower_bound
 from tvjax.distinguish.classifiers import CLASSIFIERS
-from tvjax.distinguish.samples import TokenSamples, check_sample_pair, sample_pair
+from tvjax.distinguish.samples import TokenSamples, check_sample_pair, sample_pair, text_pair
 from tvjax.programs import COMPILER_OPTIONS
 from tvjax.validate import check_positive_int, check_range
 
@@ -306,6 +306,13 @@ def distinguish(key, pi, mu, *, classifier="ngram", delta=0.05, settings=None, f
     pi_hits, mu_hits, diagnostics = program(key, pi.tokens, pi.lengths, mu.tokens, mu.lengths, classifier=classifier,
                                             vocab_size=pi.vocab_size, settings=settings, sizes=sizes)
     return _result(pi_hits, mu_hits, diagnostics, sizes, delta, classifier)
+
+
+def distinguish_texts(key, texts_pi, texts_mu, tokenizer, *, classifier="ngram", delta=0.05, settings=None):
+    """`distinguish` on two sides' texts (from text-only endpoints), encoded by `tokenizer`
+    (`ByteTokenizer()` when the endpoint's tokenizer is unknown)."""
+    pi, mu = text_pair(texts_pi, texts_mu, tokenizer)
+    return distinguish(key, pi, mu, classifier=classifier, delta=delta, settings=settings)
 
 
 def _copy_keys(key, copies):

@@ -33,6 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -156,6 +157,27 @@ class TextEndpoint:
 
     def close(self) -> None:
         self.workers.shutdown()
+
+
+def stored_texts(path, side: str, config: dict, messages: list[dict], num: int, max_tokens: int, seed: int) -> list[str]:
+    """`num` completions of `side`'s text-only endpoint, kept in the JSON-lines file `path` as
+    they arrive ({"side", "text", "finish_reason"} a line): completions already there are reused
+    and only the missing ones are requested (a paid sample is never drawn twice), request i of a
+    side seeded by derive_seed(seed, i)."""
+    path = Path(path)
+    stored = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    texts = [r["text"] for r in stored if r["side"] == side]
+    if len(texts) >= num:
+        return texts[:num]
+    endpoint = TextEndpoint(config)
+    try:
+        fresh = endpoint.sample_texts(messages, num - len(texts), max_tokens, derive_seed(seed, len(texts)))
+    finally:
+        endpoint.close()
+    with path.open("a") as handle:
+        for text, reason in zip(fresh.texts, fresh.finish_reasons):
+            handle.write(json.dumps({"side": side, "text": text, "finish_reason": reason}) + "\n")
+    return texts + fresh.texts
 
 
 class OpenAIBridge:
