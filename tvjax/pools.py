@@ -348,7 +348,11 @@ class PoolWriter:
     def _check_padded_draws(self, side, rows, logprobs, topk_ids, topk_logprobs) -> None:
         """In a stopping pool the rows' tokens come first (their lengths say which positions are
         padding), and every padded draw is the deterministic pad."""
-        committed = coverage(self.path)[f"tokens/{side}"][rows[0]:rows[1]]
+        committed = np.zeros(rows[1] - rows[0], bool)  # from the writer's own commit records: no disk reads
+        for rec in self._committed.values():
+            if rec["kind"] == "tokens" and rec["side"] == side:
+                a, b = max(rec["rows"][0], rows[0]), min(rec["rows"][1], rows[1])
+                committed[max(a - rows[0], 0):max(b - rows[0], 0)] = True
         if not committed.all():
             raise PoolError(f"draws of {side} rows {rows[0]}:{rows[1]} before their tokens: in a pool whose outputs "
                             "stop at EOS the lengths (written with the tokens) must come first")

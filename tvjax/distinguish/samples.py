@@ -93,12 +93,17 @@ class ByteTokenizer(NamedTuple):
         return list(text.encode("utf-8"))
 
 
-def texts_to_samples(texts, tokenizer, n=None, vocab_size=None, pad_id=0):
-    """Texts encoded with `tokenizer.encode(text) -> ids`, right-padded with `pad_id` to n (default:
-    the longest encoding; longer encodings are cut at n), lengths the encoded lengths (at most n)."""
+def check_tokenizer(tokenizer):
+    """Texts need a tokenizer with .encode(text) -> ids: a ValueError that says which ones do."""
     if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
         raise ValueError("texts need a tokenizer with .encode(text) -> token ids (a tvjax.models.ChatTokenizer, or "
                          "ByteTokenizer() when the endpoint's tokenizer is unknown); or pass token ids to token_samples")
+
+
+def texts_to_samples(texts, tokenizer, n=None, vocab_size=None, pad_id=0):
+    """Texts encoded with `tokenizer.encode(text) -> ids`, right-padded with `pad_id` to n (default:
+    the longest encoding; longer encodings are cut at n), lengths the encoded lengths (at most n)."""
+    check_tokenizer(tokenizer)
     if isinstance(texts, str):
         raise ValueError("texts must be a sequence of strings, got one string")
     encoded = [list(tokenizer.encode(text)) for text in texts]
@@ -117,8 +122,7 @@ def texts_to_samples(texts, tokenizer, n=None, vocab_size=None, pad_id=0):
 def text_pair(texts_pi, texts_mu, tokenizer):
     """(pi samples, mu samples) of two sides' texts under one tokenizer, padded to one n: the
     longest encoding of either side."""
-    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
-        texts_to_samples([], tokenizer)  # the error that names what a tokenizer needs
+    check_tokenizer(tokenizer)
     n = max([1] + [len(tokenizer.encode(t)) for texts in (texts_pi, texts_mu) for t in texts])
     return texts_to_samples(texts_pi, tokenizer, n=n), texts_to_samples(texts_mu, tokenizer, n=n)
 
