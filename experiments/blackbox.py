@@ -11,9 +11,9 @@ seeds that detect a difference (bound > 0 at delta = level). On the same samples
 environment, through `benchmarks/met_anchor.py`): the share of seeds with p < level.
 
 Then: validity rates over `validity.seeds` seeds (bound > true TV; on identical pairs pi vs pi,
-bound > 0), the Flax transformer on a few configurations, and SmolLM2 serving variants (one pool of
-`lm.pool_size` continuations per side, seeds = random subsets of it, the true TV the README's
-exact-logit estimate).
+bound > 0), the Flax transformer on a few configurations, and SmolLM2 serving variants (`lm.seeds`
+independent seeds: disjoint blocks of a resumable store of continuations per side, `lm_store`;
+the true TV the README's exact-logit estimate).
 """
 
 import json
@@ -33,7 +33,7 @@ from tvjax.distinguish import TokenSamples, TrainSettings, copy_samples, disting
 from tvjax.instances import exact_tv
 from tvjax.studies import job_key
 
-from studykit import ConfigError, StudyResult, build_pair, csv_text, finish, run_study, subplots
+from studykit import ConfigError, StudyResult, build_pair, config_digest, csv_text, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "study")
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,24 +169,57 @@ def transformer_rows(cfg, pairs):
 # --------------------------------------------------------------------------- language models
 
 
+def lm_store(cfg, p_index, pair, pi, mu):
+    """The (pi, mu) TokenSamples of a language-model pair: seeds x max(sizes) continuations per
+    side, kept in a pool under `lm.store` and drawn in shards of `lm.shard` rows, each shard with
+    its own key, so that an interrupted run (or one spread over sessions) resumes where it
+    stopped and draws exactly what one uninterrupted run draws. Returns (samples, seconds spent
+    sampling in this run, continuations drawn in this run)."""
+    from tvjax.currency import stopping_ids
+    from tvjax.pools import create_pool, read_lengths, read_tokens, tokens_key
+
+    lm = cfg.study.lm
+    total = lm.seeds * max(lm.sizes)
+    identity = OmegaConf.to_container(OmegaConf.create(
+        {"model": lm.model, "prompt": lm.prompt, "n": lm.n, "pi": pair.pi, "mu": pair.mu, "seed": cfg.seed,
+         "pair": p_index, "rows": total, "shard": lm.shard}), resolve=True)
+    digest = config_digest(OmegaConf.create(identity))
+    store = Path(lm.store) if Path(lm.store).is_absolute() else ROOT / lm.store
+    path = store / f"pair{p_index}-{digest}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    eos_ids = stopping_ids(pi)
+    writer = create_pool(path, n=lm.n, num_per_side=total, repeats=1, row_chunk=lm.shard, exist_ok=True,
+                         eos_ids=eos_ids, metadata={"study": "blackbox", **identity})
+    shards = [(side_index, side, start) for side_index, side in enumerate(("pi", "mu"))
+              for start in range(0, total, lm.shard)]
+    todo = [job for job in shards if not writer.is_done(tokens_key(job[1], job[2], min(job[2] + lm.shard, total)))]
+    started, drawn = time.perf_counter(), 0
+    for side_index, side, start in tqdm(todo, desc=f"{pair.label}: shards of {lm.shard}", disable=not todo):
+        rows = min(lm.shard, total - start)
+        samples = sample_process(job_key(cfg.seed, 3000 + p_index, side_index, start // lm.shard), (pi, mu)[side_index], rows)
+        writer.write_tokens(side, start, np.asarray(samples.tokens), lengths=np.asarray(samples.lengths) if eos_ids else None)
+        drawn += rows
+    samples = tuple(TokenSamples(read_tokens(path, side), read_lengths(path, side), int(pi.vocab_size)) for side in ("pi", "mu"))
+    return samples, time.perf_counter() - started, drawn
+
+
 def lm_rows(cfg):
+    """SmolLM2 serving variants: seed j of size N reads rows [j M, j M + N) of each side's store
+    (M = max(sizes)): disjoint, so the seeds are independent, and nested across sizes."""
     from tvjax.models.pairs import lm_pair  # the models extra: only when the LM part runs
 
     s, lm = cfg.study, cfg.study.lm
     rows, met_jobs, seconds = [], [], {}
+    block = max(lm.sizes)
     for p_index, pair in enumerate(lm.pairs):
-        start = time.perf_counter()
         pi, mu = lm_pair(lm.model, lm.prompt, lm.n, pi=dict(pair.pi), mu=dict(pair.mu))
-        key_pi, key_mu = jax.random.split(job_key(cfg.seed, 3000 + p_index))
-        pools = [sample_process(key_pi, pi, lm.pool_size), sample_process(key_mu, mu, lm.pool_size)]
-        seconds[pair.label] = {"sampling": time.perf_counter() - start}
-        rng = np.random.default_rng(p_index)
+        pools, sampling, drawn = lm_store(cfg, p_index, pair, pi, mu)
+        seconds[pair.label] = {"sampling": sampling, "continuations_drawn": drawn}
         for size in lm.sizes:
-            picks = [[rng.choice(lm.pool_size, size, replace=False) for _ in pools] for _ in range(lm.seeds)]
-            subsets = [[TokenSamples(side.tokens[rows], side.lengths[rows], side.vocab_size) for side, rows in zip(pools, pick)]
-                       for pick in picks]
+            subsets = [[TokenSamples(side.tokens[j * block:j * block + size], side.lengths[j * block:j * block + size],
+                                     side.vocab_size) for side in pools] for j in range(lm.seeds)]
             for classifier, seeds in (("ngram", lm.seeds), ("transformer", lm.transformer_seeds)):
-                if classifier == "transformer" and size != max(lm.sizes):
+                if classifier == "transformer" and size != block:
                     continue
                 start = time.perf_counter()
                 results = [distinguish(job_key(cfg.seed, 3000 + p_index, size, j), *subsets[j], classifier=classifier,
@@ -219,16 +252,20 @@ def study(cfg):
     for family in s.families:
         pi, mu = build_pair(family.instance)
         pairs[family.label] = (pi, mu, float(exact_tv(pi, mu)))
+    if s.lm.get("only", False) and not s.lm.enabled:
+        raise ConfigError("study.lm.only=true runs the language-model rows alone: set study.lm.enabled=true too")
     timing = {}
-    start = time.perf_counter()
-    power, met_info = power_rows(cfg, pairs)
-    timing["power"] = time.perf_counter() - start
-    start = time.perf_counter()
-    validity = validity_rows(cfg, pairs)
-    timing["validity"] = time.perf_counter() - start
-    start = time.perf_counter()
-    transformer = transformer_rows(cfg, pairs)
-    timing["transformer"] = time.perf_counter() - start
+    power, met_info, validity, transformer = [], None, [], []
+    if not s.lm.get("only", False):
+        start = time.perf_counter()
+        power, met_info = power_rows(cfg, pairs)
+        timing["power"] = time.perf_counter() - start
+        start = time.perf_counter()
+        validity = validity_rows(cfg, pairs)
+        timing["validity"] = time.perf_counter() - start
+        start = time.perf_counter()
+        transformer = transformer_rows(cfg, pairs)
+        timing["transformer"] = time.perf_counter() - start
     lm, lm_info = [], None
     if s.lm.enabled:
         start = time.perf_counter()

@@ -516,3 +516,30 @@ def test_registry_lookup_and_configured_estimators():
         E.configured("likelihood_ratio", {"num_per_side": 8})
     with pytest.raises(ValueError, match="takes options"):
         E.configured("plugin", {"num_per_side": 8}, num_groups=3)
+
+
+def test_grouped_moments_match_float64_and_keep_non_finite_values_in_their_group():
+    """The streaming reduction's per-group moments (one-hot products) against a float64 reference
+    per group, padding rows that hold inf ignored; a valid inf (a KL baseline under support
+    mismatch) must stay in its own group, not turn every group's moments into NaN."""
+    from tvjax.streaming import grouped_moments
+
+    rng = np.random.default_rng(5)
+    rows, window = 2048, 32
+    local = np.sort(rng.integers(0, 20, rows)).astype(np.int32)  # sorted like a chunk's rows; groups 20..31 empty
+    values = (rng.normal(size=rows) * 0.1 + 0.3 * local).astype(np.float32)
+    valid = rng.random(rows) < 0.9
+    values[~valid] = np.inf  # padding rows may hold anything
+    count, mean, m2 = (np.asarray(a, np.float64) for a in jax.jit(grouped_moments, static_argnums=3)(values, local, valid, window))
+    for g in range(window):
+        kept = values[valid & (local == g)].astype(np.float64)
+        assert count[g] == kept.size
+        if kept.size:
+            assert mean[g] == pytest.approx(kept.mean(), rel=1e-5, abs=1e-6)
+            assert m2[g] == pytest.approx(np.sum((kept - kept.mean()) ** 2), rel=1e-4, abs=1e-6)
+        else:
+            assert mean[g] == 0.0 and m2[g] == 0.0
+    values[np.flatnonzero(valid & (local == 3))[0]] = np.inf
+    _, mean_inf, _ = (np.asarray(a) for a in jax.jit(grouped_moments, static_argnums=3)(values, local, valid, window))
+    assert mean_inf[3] == np.inf
+    np.testing.assert_allclose(np.delete(mean_inf, 3), np.delete(mean, 3), rtol=1e-5, atol=1e-6)

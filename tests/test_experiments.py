@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -225,3 +226,51 @@ def test_done_marker_is_keyed_by_the_config_the_study_reads(tmp_path):
     unused = composed("convergence", ["smoke=true", "estimator=multilevel", "delta=0.2"])
     assert config_digest(study_view(convergence, load_app("convergence").READS)) == \
         config_digest(study_view(unused, load_app("convergence").READS))
+
+
+def test_blackbox_language_model_rows_resume_from_their_store(tmp_path, monkeypatch):
+    """The LM rows' continuations live in a resumable pool per pair: a run interrupted after one
+    shard resumes and stores exactly what an uninterrupted run stores; seeds read disjoint blocks;
+    a rerun draws nothing. A tiny random Llama stands in for SmolLM2."""
+    module = load_app("blackbox")
+    lm = {"enabled": True, "only": True, "model": "random:llama", "prompt": [1, 2, 3], "n": 4, "sizes": [4, 8],
+          "seeds": 3, "shard": 8, "transformer_seeds": 1, "store": str(tmp_path / "store"),
+          "pairs": [{"label": "tiny t1 vs t1.5", "pi": {}, "mu": {"temperature": 1.5}, "tv": 0.325, "tv_interval": [0.3, 0.35]}]}
+    cfg = composed("blackbox", ["experiment=blackbox", "smoke=true", "study.met.python=missing"])
+    cfg.study.lm = lm
+    cfg.study_smoke.lm = lm  # smoke=true merges study_smoke over study
+    view = study_view(cfg, module.READS)
+    pair = view.study.lm.pairs[0]
+    from tvjax.models.pairs import lm_pair
+
+    pi, mu = lm_pair("random:llama", [1, 2, 3], 4, pi={}, mu={"temperature": 1.5})
+    whole, _, drawn = module.lm_store(view, 0, pair, pi, mu)
+    assert drawn == 2 * 24 and whole[0].tokens.shape == (24, 4)
+
+    view.study.lm.store = str(tmp_path / "interrupted")
+    real, calls = module.sample_process, []
+
+    def fail_after_one_shard(*args):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(module, "sample_process", fail_after_one_shard)
+    with pytest.raises(KeyboardInterrupt):
+        module.lm_store(view, 0, pair, pi, mu)
+    monkeypatch.setattr(module, "sample_process", real)
+    resumed, _, drawn = module.lm_store(view, 0, pair, pi, mu)
+    assert drawn == 2 * 24 - 8  # the committed shard is not drawn again
+    for a, b in zip(whole, resumed):
+        np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    _, _, drawn = module.lm_store(view, 0, pair, pi, mu)
+    assert drawn == 0
+    # Shards have their own keys: the seed blocks are not copies of one another.
+    tokens = np.asarray(whole[0].tokens)
+    assert not np.array_equal(tokens[:8], tokens[8:16]) and not np.array_equal(tokens[8:16], tokens[16:24])
+
+    record = run_study(cfg, module.study, module.READS, out_dir=tmp_path / "run")
+    rows = list(csv.DictReader((tmp_path / "run" / "lm.csv").open()))
+    assert {(r["classifier"], int(r["size"]), int(r["seeds"])) for r in rows} == {("ngram", 4, 3), ("ngram", 8, 3), ("transformer", 8, 1)}
+    assert record["results"]["lm"]["seconds"]["tiny t1 vs t1.5"]["continuations_drawn"] == 0  # the store was full

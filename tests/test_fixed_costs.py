@@ -73,6 +73,25 @@ def test_job_keys_are_distinct_and_reproducible():
     assert np.array_equal(jax.random.key_data(job_key(0, 1, 2)), jax.random.key_data(job_key(0, 1, 2)))
 
 
+def jax_fold_chain(seed, *indices):
+    key = jax.random.key(seed)
+    for index in indices:
+        key = jax.random.fold_in(key, index)
+    return np.asarray(jax.random.key_data(key))
+
+
+def test_job_keys_equal_jax_fold_in_chains():
+    """job_key computes threefry in NumPy: it must give JAX's keys bit for bit (the streams of
+    every study and of its multirun jobs hang on it), edge words included."""
+    rng = np.random.default_rng(3)
+    cases = [(0,), (0, 0), (1, 0, 0), (2**31 - 1, 2**31 - 1, 1), (5, np.int64(7))]
+    cases += [tuple(int(w) for w in rng.integers(0, 2**31, size=rng.integers(1, 5))) for _ in range(40)]
+    for words in cases:
+        assert np.array_equal(np.asarray(jax.random.key_data(job_key(*words))), jax_fold_chain(*words)), words
+    with pytest.raises(OverflowError):  # out of range: JAX's own path and error
+        job_key(0, -1)
+
+
 def test_random_words_counts_samples_and_drawn_sums():
     pi, _ = paper_block_pair()  # one word per sample, 13 drawn positions
     assert pi.random_words_per_sample == 1

@@ -54,12 +54,31 @@ def merge_moments(a, b):
     return Moments(count, a.mean + delta * share, a.m2 + b.m2 + delta**2 * a.count * share)
 
 
+def grouped_moments(values, local, valid, window):
+    """Moments [window] of the `valid` values per local group id in [0, window), as the masked
+    two-pass form computes them (deviations from each group's mean), through [rows, window]
+    one-hot products: matrix products run several times faster on CPU than masked reductions
+    along the rows. Products would spread a non-finite value into every group (inf * 0), so a
+    chunk holding one takes the masked form."""
+    finite = jnp.all(jnp.where(valid, jnp.isfinite(values), True))
+
+    def products():
+        onehot = ((local[:, None] == jnp.arange(window)) & valid[:, None]).astype(values.dtype)
+        kept = jnp.where(valid, values, 0.0)
+        count = jnp.sum(onehot, axis=0)
+        mean = (kept @ onehot) / jnp.maximum(count, 1.0)
+        deviation = jnp.where(valid, kept - onehot @ mean, 0.0)
+        return Moments(count, mean, (deviation * deviation) @ onehot)
+
+    masked = lambda: masked_moments(values[:, None], valid[:, None] & (local[:, None] == jnp.arange(window)))
+    return jax.lax.cond(finite, products, masked)
+
+
 def window_moments(values, local, valid, window, single):
     """Moments [window] of the `valid` values per local group id. `single`: every valid row is
     in group 0 (most chunks of a large estimate), a reduction over the rows alone."""
     one_group = lambda: Moments(*(jnp.pad(a, (0, window - 1)) for a in masked_moments(values[:, None], valid[:, None])))
-    many_groups = lambda: masked_moments(values[:, None], valid[:, None] & (local[:, None] == jnp.arange(window)))
-    return jax.lax.cond(single, one_group, many_groups)
+    return jax.lax.cond(single, one_group, lambda: grouped_moments(values, local, valid, window))
 
 
 def level_moments(key, summand, counts, chunk, positions=False):

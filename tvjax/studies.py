@@ -44,13 +44,39 @@ def _replicated(fn, copies, fast_compile):
 
 
 def job_key(seed, *indices):
-    """The PRNG key of one job of a study: the job's indices folded into key(seed). Every job's
-    key comes from one compiled program (fold_in) however many jobs there are; splitting into k
-    keys and iterating over them compiles two programs for each k."""
-    key = jax.random.key(seed)
+    """The PRNG key of one job of a study: the job's indices folded into key(seed), equal to
+    jax.random.fold_in applied in turn. Computed in NumPy: JAX's seed and fold_in are programs
+    of their own to compile, a good part of a short study's compile on a cold cache."""
+    words = [seed, *indices]
+    threefry = jax.config.jax_default_prng_impl == "threefry2x32"
+    if not (threefry and all(isinstance(w, (int, np.integer)) and 0 <= w < 2**31 for w in words)):
+        key = jax.random.key(seed)  # JAX's own rules (and errors) for other values and PRNGs
+        for index in indices:
+            key = jax.random.fold_in(key, index)
+        return key
+    data = np.array([0, seed], np.uint32)  # threefry's key(seed): the seed's high and low words
     for index in indices:
-        key = jax.random.fold_in(key, index)
-    return key
+        data = _threefry2x32(data, np.array([0, index], np.uint32))
+    return jax.random.wrap_key_data(data)
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(key, count):
+    """Threefry-2x32 (20 rounds; Salmon et al. 2011) of one 64-bit block `count` under `key`,
+    both uint32[2], as JAX's threefry PRNG computes it: its fold_in(key, d) is
+    _threefry2x32(key, [0, d])."""
+    with np.errstate(over="ignore"):
+        ks = (np.uint32(key[0]), np.uint32(key[1]), np.uint32(key[0] ^ key[1] ^ np.uint32(0x1BD11BDA)))
+        x0, x1 = np.uint32(count[0] + ks[0]), np.uint32(count[1] + ks[1])
+        for group in range(5):
+            for rotation in _ROTATIONS[group % 2]:
+                x0 = np.uint32(x0 + x1)
+                x1 = np.uint32((x1 << np.uint32(rotation)) | (x1 >> np.uint32(32 - rotation))) ^ x0
+            x0 = np.uint32(x0 + ks[(group + 1) % 3])
+            x1 = np.uint32(x1 + ks[(group + 2) % 3] + np.uint32(group + 1))
+    return np.array([x0, x1], np.uint32)
 
 
 def errors(values, truth):
