@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 
 import hydra
-import jax
 import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm

@@ -148,6 +148,12 @@ def test_theory_slopes_over_a_grid():
     assert on_eps.ceiling == pytest.approx(2.0) and 2.8 < on_eps.ceiling_with_logs < 3.0
     on_sigma = bounds.theory_slopes([record("noisy", base._replace(sigma=s), s) for s in (0.1, 0.32, 1.0)])
     assert on_sigma.floor == pytest.approx(0.0, abs=1e-9) and on_sigma.ceiling == pytest.approx(2.0)
+    # Rare escape: the support is K + 1 (the stay token): the bound's slope bends below 1 over
+    # K = 2..32, its ceiling is the exponent of K.
+    rare = lambda K: {"x": K, "upper_terms": bounds.upper_terms("sampler", base._replace(K=K), K + 1),
+                      "upper_log_factor": 1.0, "lower_terms": bounds.lower_terms("sampler", base._replace(K=K), K + 1)}
+    on_k = bounds.theory_slopes([rare(K) for K in (2, 4, 8, 16, 32)])
+    assert 0.85 < on_k.theory < 0.88 and on_k.ceiling == pytest.approx(1.0)
 
 
 def run_bounds(args, cwd):

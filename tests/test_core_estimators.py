@@ -530,7 +530,8 @@ def test_grouped_moments_match_float64_and_keep_non_finite_values_in_their_group
     values = (rng.normal(size=rows) * 0.1 + 0.3 * local).astype(np.float32)
     valid = rng.random(rows) < 0.9
     values[~valid] = np.inf  # padding rows may hold anything
-    count, mean, m2 = (np.asarray(a, np.float64) for a in jax.jit(grouped_moments, static_argnums=3)(values, local, valid, window))
+    moments = jax.jit(grouped_moments, static_argnums=3)
+    count, mean, m2 = (np.asarray(a, np.float64) for a in moments(values, local, valid, window))
     for g in range(window):
         kept = values[valid & (local == g)].astype(np.float64)
         assert count[g] == kept.size
@@ -540,6 +541,6 @@ def test_grouped_moments_match_float64_and_keep_non_finite_values_in_their_group
         else:
             assert mean[g] == 0.0 and m2[g] == 0.0
     values[np.flatnonzero(valid & (local == 3))[0]] = np.inf
-    _, mean_inf, _ = (np.asarray(a) for a in jax.jit(grouped_moments, static_argnums=3)(values, local, valid, window))
+    _, mean_inf, _ = (np.asarray(a) for a in moments(values, local, valid, window))
     assert mean_inf[3] == np.inf
     np.testing.assert_allclose(np.delete(mean_inf, 3), np.delete(mean, 3), rtol=1e-5, atol=1e-6)

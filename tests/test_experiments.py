@@ -272,5 +272,6 @@ def test_blackbox_language_model_rows_resume_from_their_store(tmp_path, monkeypa
 
     record = run_study(cfg, module.study, module.READS, out_dir=tmp_path / "run")
     rows = list(csv.DictReader((tmp_path / "run" / "lm.csv").open()))
-    assert {(r["classifier"], int(r["size"]), int(r["seeds"])) for r in rows} == {("ngram", 4, 3), ("ngram", 8, 3), ("transformer", 8, 1)}
+    expected = {("ngram", 4, 3), ("ngram", 8, 3), ("transformer", 8, 1)}
+    assert {(r["classifier"], int(r["size"]), int(r["seeds"])) for r in rows} == expected
     assert record["results"]["lm"]["seconds"]["tiny t1 vs t1.5"]["continuations_drawn"] == 0  # the store was full
