@@ -179,10 +179,9 @@ def lm_store(cfg, p_index, pair, pi, mu):
 
     lm = cfg.study.lm
     total = lm.seeds * max(lm.sizes)
-    identity = OmegaConf.to_container(OmegaConf.create(
-        {"model": lm.model, "prompt": lm.prompt, "n": lm.n, "pi": pair.pi, "mu": pair.mu, "seed": cfg.seed,
-         "pair": p_index, "rows": total, "shard": lm.shard}), resolve=True)
-    digest = config_digest(OmegaConf.create(identity))
+    spec = OmegaConf.create({"model": lm.model, "prompt": lm.prompt, "n": lm.n, "pi": pair.pi, "mu": pair.mu,
+                             "seed": cfg.seed, "pair": p_index, "rows": total, "shard": lm.shard})
+    identity, digest = OmegaConf.to_container(spec, resolve=True), config_digest(spec)
     store = Path(lm.store) if Path(lm.store).is_absolute() else ROOT / lm.store
     path = store / f"pair{p_index}-{digest}"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,12 +246,12 @@ def lm_rows(cfg):
 
 def study(cfg):
     s = cfg.study
+    if s.lm.get("only", False) and not s.lm.enabled:
+        raise ConfigError("study.lm.only=true runs the language-model rows alone: set study.lm.enabled=true too")
     pairs = {}
     for family in s.families:
         pi, mu = build_pair(family.instance)
         pairs[family.label] = (pi, mu, float(exact_tv(pi, mu)))
-    if s.lm.get("only", False) and not s.lm.enabled:
-        raise ConfigError("study.lm.only=true runs the language-model rows alone: set study.lm.enabled=true too")
     timing = {}
     power, met_info, validity, transformer = [], None, [], []
     if not s.lm.get("only", False):
