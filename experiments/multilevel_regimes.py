@@ -6,10 +6,13 @@ At each sigma: rho_l = Var(Z_{r_l} - Z_{r_{l-1}}) / Var(Z_{r_l}) between consecu
 same trajectories with nested draws (ratio_trajectories per side), and the mean absolute error of
 Algorithm 3 against its query budget over `reps` repetitions for 1..L levels (N_l = s * base_sizes;
 fewer levels drop the coarsest), plus a single level at the finest r given the two-level budget.
-Every schedule is padded to the deepest one's length, so the study compiles one program.
+Every schedule is padded to the deepest one's length, and the schedules that share their repeat
+counts run as copies of one call (per-copy level sizes), so the study compiles one program for
+its estimates and makes a handful of calls.
 """
 
 import functools
+import math
 from functools import partial
 
 import hydra
@@ -23,7 +26,8 @@ from tvjax.currency import mixture_z
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.schedules import Samples, Schedule, as_runtime, pad_schedule
+from tvjax.programs import COMPILER_OPTIONS, saved_program
+from tvjax.schedules import Samples, Schedule, pad_schedule
 from tvjax.studies import errors, job_key, random_words, replicate
 
 from studykit import StudyResult, build_pair, finish, run_study, subplots
@@ -31,13 +35,24 @@ from studykit import StudyResult, build_pair, finish, run_study, subplots
 READS = ("seed", "fast_compile", "instance", "study")
 
 
-@functools.partial(jax.jit, static_argnames=("repeats", "num"))
 def nested_z(key, pi, mu, oracle, repeats, num):
     """Z_{r_l}(X) for every level l on the same X with nested draws: [2 num, L], num from each side
-    (both sides' trajectories drawn through one call, one program to compile)."""
-    k_pi, k_mu, k_score = jax.random.split(key, 3)
-    sides = [oracle.trajectory_sampler(side, (pi, mu))(k, num) for side, k in ((pi, k_pi), (mu, k_mu))]
-    paths = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *sides)
+    (both sides' trajectories drawn through one sampler, vmapped over the sides: one to compile)."""
+    return _nested_z_program(tuple(repeats), num)(key, pi, mu, oracle)
+
+
+@functools.cache
+def _nested_z_program(repeats, num):
+    # Its code is this file's and tvjax's: saved whole in the compilation cache, keyed on both.
+    jitted = jax.jit(functools.partial(_nested_z, repeats=repeats, num=num), compiler_options=COMPILER_OPTIONS)
+    return saved_program(jitted, ("nested_z", repeats, num), sources=(__file__,))
+
+
+def _nested_z(key, pi, mu, oracle, repeats, num):
+    k_sample, k_score = jax.random.split(key)
+    draw = oracle.side_sampler((pi, mu))
+    paths = jax.vmap(lambda k, side: draw(k, num, side))(jax.random.split(k_sample), jnp.arange(2))
+    paths = jax.tree.map(lambda a: a.reshape((2 * num,) + a.shape[2:]), paths)
     return mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, repeats))
 
 
@@ -57,6 +72,27 @@ def matched_single_level(schedule, n, repeats):
     """One level at `repeats` with (about) the queries of `schedule`."""
     budget = cost.schedule_queries(schedule, n)
     return Schedule((max(2, round(budget / cost.symmetric_queries(1, n, repeats))),), (repeats,))
+
+
+def batched_jobs(schedules, levels):
+    """Indices of `schedules` in batches that share their repeat counts padded to `levels`, every
+    batch of one size (the greatest common divisor of the groups' sizes): each batch is then one
+    call of one compiled program."""
+    groups = {}
+    for job, schedule in enumerate(schedules):
+        groups.setdefault(pad_schedule(schedule, levels).repeats, []).append(job)
+    size = math.gcd(*map(len, groups.values()))
+    return [group[i:i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
+def batch_sizes(schedules, levels, reps):
+    """Schedules sharing padded repeat counts as one Schedule of per-copy level sizes: `reps`
+    copies of each schedule in turn, as runtime arrays."""
+    padded = [pad_schedule(schedule, levels) for schedule in schedules]
+    if len({p.repeats for p in padded}) != 1:
+        raise ValueError(f"a batch's schedules must share their repeat counts, got {[p.repeats for p in padded]}")
+    counts = np.repeat(np.array([p.num_samples for p in padded], np.int32), reps, axis=0)
+    return Schedule(counts, np.asarray(padded[0].repeats, np.int32))
 
 
 def study(cfg):
@@ -81,12 +117,19 @@ def study(cfg):
         schedules = depth_schedules(repeats, s.base_sizes, scale)
         jobs += [(f"{d} level{'s' * (d > 1)}", scale, sched) for d, sched in schedules.items()]
         jobs.append((f"single r={repeats[-1]} at 2-level budget", scale, matched_single_level(schedules[2], pi.n, repeats[-1])))
-    for job, (label, scale, schedule) in enumerate(tqdm(jobs, desc="multilevel schedules")):
-        # Padded to the deepest schedule: every job runs in one compiled program.
-        sizes = as_runtime(pad_schedule(schedule, len(repeats)))
+    # Jobs that share (padded) repeat counts run as copies of one call: fewer, longer streams.
+    estimates = {}
+    for batch_index, batch in enumerate(tqdm(batched_jobs([job[2] for job in jobs], len(repeats)), desc="multilevel batches")):
+        sizes = batch_sizes([jobs[job][2] for job in batch], len(repeats), s.reps)
         for index, sigma in enumerate(s.sigmas):
-            est = replicate(multilevel.fn, job_key(cfg.seed, 1, job, index), s.reps, pi, mu, Noisy(sigma), sizes,
-                            fast_compile=cfg.fast_compile)
+            est = replicate(multilevel.fn, job_key(cfg.seed, 1, batch_index, index), s.reps * len(batch), pi, mu,
+                            Noisy(sigma), sizes, fast_compile=cfg.fast_compile)
+            for position, job in enumerate(batch):
+                part = slice(position * s.reps, (position + 1) * s.reps)
+                estimates[job, sigma] = jax.tree.map(lambda a, part=part: a[part], est)
+    for job, (label, scale, schedule) in enumerate(jobs):
+        for sigma in s.sigmas:
+            est = estimates[job, sigma]
             words += random_words(pi, Noisy(sigma), schedule, s.reps)
             mae, rmse, bias = errors(est.value, truth)
             rows.append({"kind": "mae", "sigma": sigma, "method": label, "scale": scale, "queries": float(est.queries[0]),
@@ -121,7 +164,8 @@ def plot_rho(rho, repeats):
     ax.set_xticks(np.arange(len(labels)) + width * (len(rho) - 1) / 2, labels)
     ax.set_yscale("log")
     ax.set_xlabel("levels r_{l-1} -> r_l")
-    ax.set_ylabel(r"$\rho_l = Var(Z_{r_l}-Z_{r_{l-1}}) / Var(Z_{r_l})$")
+    # Plain text, not mathtext: the parser costs a short study more than its figures.
+    ax.set_ylabel("\N{GREEK SMALL LETTER RHO}_l = Var(Z(r_l) \N{MINUS SIGN} Z(r_l-1)) / Var(Z(r_l))")
     ax.legend()
     return fig
 

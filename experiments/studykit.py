@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import threading
 import time
@@ -35,7 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tvjax.jsonable import to_jsonable
-from tvjax.programs import enable_compilation_cache
+from tvjax.programs import LOAD_EVENT, enable_compilation_cache
 from tvjax.studies import random_floor_seconds
 
 # Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
@@ -52,12 +54,14 @@ def process_age():
         return float(uptime.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
 
 
-# JAX reports how long it traces, lowers and compiles each program; the studies' seconds are
-# broken down with these running totals.
+# JAX reports how long it traces, lowers and compiles each program, and tvjax how long it loads
+# a saved one (which is neither traced nor lowered); the studies' seconds are broken down with
+# these running totals.
 COMPILE_EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "tracing",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
     "/jax/core/compile/backend_compile_duration": "compiling",
+    LOAD_EVENT: "compiling",
 }
 _compile_seconds = collections.Counter()
 
@@ -192,16 +196,55 @@ def preload_matplotlib():
     return thread
 
 
-def without_log_minor_ticks(fig):
-    """Drop the minor ticks of log axes that span two decades or more (their decades label them
-    enough): placing and drawing minor ticks is about half of a log-log figure's rendering time.
-    A narrower axis keeps them, or it would show one labelled tick."""
-    from matplotlib.ticker import NullLocator
+_SUPERSCRIPTS = str.maketrans("0123456789-\N{MINUS SIGN}", "\N{SUPERSCRIPT ZERO}\N{SUPERSCRIPT ONE}\N{SUPERSCRIPT TWO}"
+                              "\N{SUPERSCRIPT THREE}\N{SUPERSCRIPT FOUR}\N{SUPERSCRIPT FIVE}\N{SUPERSCRIPT SIX}"
+                              "\N{SUPERSCRIPT SEVEN}\N{SUPERSCRIPT EIGHT}\N{SUPERSCRIPT NINE}"
+                              "\N{SUPERSCRIPT MINUS}\N{SUPERSCRIPT MINUS}")
 
+
+def plain_power_label(label):
+    """A log axis's mathtext tick label ($\\mathdefault{2\\times10^{-1}}$) as plain text with
+    Unicode superscripts (2×10⁻¹); other labels unchanged."""
+    match = re.fullmatch(r"\$\\mathdefault\{(.*)\}\$", label)
+    if match is None:
+        return label
+    body = match.group(1).replace(r"\times", "\N{MULTIPLICATION SIGN}")
+    return re.sub(r"\^\{([^}]*)\}", lambda power: power.group(1).translate(_SUPERSCRIPTS), body)
+
+
+@functools.cache
+def _plain_log_formatter():
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatterSciNotation):
+        """matplotlib's log tick labels (which ticks get one, their values) as plain text."""
+
+        def __call__(self, x, pos=None):
+            return plain_power_label(super().__call__(x, pos))
+
+    return PlainLogFormatter
+
+
+def fast_log_axes(fig):
+    """Log axes that render fast. Their tick labels become plain text (matplotlib's mathtext
+    parser, on the first figure of a process, costs about as much as drawing the rest), and minor
+    ticks go from axes that span two decades or more (their decades label them enough; placing
+    and drawing them is about half of a log-log figure's rendering). A narrower axis keeps them,
+    or it would show one labelled tick."""
+    from matplotlib.ticker import LogFormatterSciNotation, NullLocator
+
+    plain = _plain_log_formatter()
     for ax in fig.axes:
         for axis, scale, limits in ((ax.xaxis, ax.get_xscale(), ax.get_xlim()), (ax.yaxis, ax.get_yscale(), ax.get_ylim())):
+            if scale != "log":
+                continue
+            for get, set_ in ((axis.get_major_formatter, axis.set_major_formatter),
+                              (axis.get_minor_formatter, axis.set_minor_formatter)):
+                old = get()
+                if isinstance(old, LogFormatterSciNotation) and not isinstance(old, plain):
+                    set_(plain(old._base, labelOnlyBase=old.labelOnlyBase, minor_thresholds=old.minor_thresholds))
             low, high = sorted(limits)
-            if scale == "log" and low > 0 and high / low >= 100:
+            if low > 0 and high / low >= 100:
                 axis.set_minor_locator(NullLocator())
 
 
@@ -211,7 +254,7 @@ def save_figures(out_dir, figures):
     for name, draw in figures.items():
         path = Path(out_dir) / f"{name}.png"
         fig = draw()
-        without_log_minor_ticks(fig)
+        fast_log_axes(fig)
         fig.savefig(path, dpi=100, bbox_inches="tight")
         paths.append(path.name)
     return paths
@@ -240,8 +283,9 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     result = study(view)
     wall = time.perf_counter() - start
     seconds = {"startup_and_imports": _IMPORTED_AT, "hydra_composition": entered - _IMPORTED_AT}
-    seconds.update({phase: _compile_seconds[phase] - compiled_before.get(phase, 0.0) for phase in COMPILE_EVENTS.values()})
-    seconds["runs"] = wall - sum(seconds[phase] for phase in COMPILE_EVENTS.values())
+    phases = dict.fromkeys(COMPILE_EVENTS.values())
+    seconds.update({phase: _compile_seconds[phase] - compiled_before.get(phase, 0.0) for phase in phases})
+    seconds["runs"] = wall - sum(seconds[phase] for phase in phases)
     started = time.perf_counter()
     figures = save_figures(out_dir, result.figures) if plots else []
     seconds["figures"] = time.perf_counter() - started

@@ -374,6 +374,19 @@ def test_padding_levels_change_nothing_but_the_shape():
         pad_schedule(schedule, 2)
 
 
+def test_padding_levels_take_no_place_in_the_stream():
+    # 48 one-row copies of a one-level schedule, padded to 3 levels: 96 of the 144 groups are
+    # empty. A chunk reaches up to 32 non-empty groups; were the empty ones part of the stream, it
+    # would reach 11 copies rather than 32, and its rows (and random draws) would fall elsewhere.
+    pi, mu, _ = family("block")
+    counts = np.ones((48, 1), np.int32)
+    plain = E.multilevel(KEY, pi, mu, Noisy(0.3), Schedule(counts, (8,)), copies=48, chunk=64)
+    padded = E.multilevel(KEY, pi, mu, Noisy(0.3), Schedule(np.pad(counts, ((0, 0), (0, 2))), (8, 8, 8)),
+                          copies=48, chunk=64)
+    np.testing.assert_allclose(np.asarray(padded.value), np.asarray(plain.value), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(padded.levels.num_samples)[:, 1:], 0)
+
+
 # --------------------------------------------------------------------------- copies: many estimates, one stream
 
 

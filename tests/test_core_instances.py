@@ -242,6 +242,28 @@ def test_realized_sampler_equals_the_token_path(pair):
     assert pi.realized_sampler((pi, tab)) is None
 
 
+
+@pytest.mark.parametrize("pair", ["paper", "path_mismatch", "tabular"])
+def test_side_sampler_draws_each_side_as_its_own_sampler(pair):
+    """One sampler for both sides (a side index selects the tables, or a switch where the pair has
+    no compact sampler) gives, per side, exactly the rows that side's own sampler gives from the
+    same key; the block instance's takes a side per row too."""
+    pi, mu = {"paper": paper_block_pair, "path_mismatch": _path_mismatched_block_pair, "tabular": random_tabular_pair}[pair]()
+    oracle, key = Noisy(0.1), jax.random.key(11)
+    draw = jax.jit(oracle.side_sampler((pi, mu)), static_argnums=1)
+    for side, sampler in enumerate((pi, mu)):
+        want = oracle.trajectory_sampler(sampler, (pi, mu))(key, 500)
+        got = draw(key, 500, jnp.int32(side))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if pair != "tabular":
+        rows = jnp.arange(500) % 2
+        mixed = oracle.side_sampler((pi, mu))(key, 500, rows)
+        per_side = [oracle.trajectory_sampler(s, (pi, mu))(key, 500) for s in (pi, mu)]
+        for a, b, c in zip(jax.tree.leaves(mixed), *map(jax.tree.leaves, per_side)):
+            expected = np.where(np.asarray(rows).reshape((-1,) + (1,) * (np.ndim(a) - 1)) == 0, np.asarray(b), np.asarray(c))
+            np.testing.assert_array_equal(np.asarray(a), expected)
+
 def test_block_final_bit_law_and_one_word_per_trajectory():
     """P(final bit = 1 | block) is p1 to within 2^-20 plus sampling error, from one random word."""
     pi, _ = paper_block_pair()

@@ -110,6 +110,32 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
         assert {int(r["n"]) for r in rows if r["estimator"] == "exact"} == set(cfg.study_smoke.sizes)
 
 
+
+def test_multilevel_regimes_batches_map_every_copy_to_its_schedule(tmp_path):
+    # Jobs sharing padded repeat counts run as copies of one call (here two batches of two jobs
+    # at r = (32, 32) and one at r = (8, 32)): each job's estimates must be the copies that ran
+    # its own level sizes, which its queries show, and be independent of the other jobs'.
+    module = load_app("multilevel_regimes")
+    schedules = [module.Schedule((4,), (32,)), module.Schedule((16, 4), (8, 32)), module.Schedule((8,), (32,)),
+                 module.Schedule((2,), (32,)), module.Schedule((32, 8), (8, 32)), module.Schedule((6,), (32,))]
+    batches = module.batched_jobs(schedules, 2)
+    assert sorted(map(len, batches)) == [2, 2, 2] and sorted(j for b in batches for j in b) == list(range(6))
+    assert all(len({module.pad_schedule(schedules[j], 2).repeats for j in batch}) == 1 for batch in batches)
+    sizes = module.batch_sizes([schedules[0], schedules[2]], 2, 3)
+    np.testing.assert_array_equal(sizes.num_samples, [[4, 0]] * 3 + [[8, 0]] * 3)
+    with pytest.raises(ValueError, match="share their repeat counts"):
+        module.batch_sizes([schedules[0], schedules[1]], 2, 3)
+    cfg = composed("multilevel_regimes", ["study.sigmas=[0.5]", "study.repeats=[8,32]", "study.base_sizes=[4,1]",
+                                          "study.scales=[1,2]", "study.reps=3", "study.ratio_trajectories=64"])
+    record = run_study(cfg, module.study, module.READS, out_dir=tmp_path)
+    n = build_pair(cfg.instance)[0].n
+    rows = [r for r in csv.DictReader((tmp_path / "results.csv").open()) if r["kind"] == "mae"]
+    assert len(rows) == 6 and record["results"]["reps"] == 3
+    for row in rows:
+        schedule = (json.loads(row["num_samples"]), json.loads(row["repeats"]))
+        assert float(row["queries"]) == pytest.approx(cost.schedule_queries(schedule, n))
+    assert len({row["mae"] for row in rows}) == len(rows)
+
 def test_model_variants_exact_logits_match_enumeration():
     """On the tiny random pair (lm_tiny: float32 vs temperature 1.5 of a vocabulary-8 model), the
     study's exact-logit arm at the smoke size lies within 4 standard errors of the TV by

@@ -66,6 +66,73 @@ def test_opting_out_writes_nothing(tmp_path):
     assert result["folder"] is None and result["hits"] == result["misses"] == 0
 
 
+
+SAVED_PROBE = """
+import json, sys
+import jax, numpy as np
+import tvjax.programs as programs
+from tvjax.estimators import lookup
+from tvjax.instances import paper_block_pair
+from tvjax.oracles import Noisy
+from tvjax.schedules import Schedule
+from tvjax.studies import replicate
+events = {"loads": 0, "compiles": 0}
+def count(event, duration, **_):
+    if event == programs.LOAD_EVENT:
+        events["loads"] += 1
+    if event == "/jax/core/compile/backend_compile_duration":
+        events["compiles"] += 1
+jax.monitoring.register_event_duration_secs_listener(count)
+if sys.argv[3] == "edited":  # what an edit to tvjax's sources does to the key
+    programs._package_sources_digest = lambda: "edited"
+programs.enable_compilation_cache(sys.argv[1])
+pi, mu = paper_block_pair()
+sizes = Schedule(np.array([[40, 10]] * 3, np.int32), np.array([4, 16], np.int32))
+est = replicate(lookup("multilevel").fn, jax.random.key(3), 3, pi, mu, Noisy(float(sys.argv[2])), sizes)
+print(json.dumps({"values": est.value.tolist(), **events}))
+"""
+
+
+def saved_probe(cache, sigma=0.3, variant="plain"):
+    env = {key: value for key, value in os.environ.items() if key not in ("TVJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    out = subprocess.run([sys.executable, "-c", SAVED_PROBE, str(cache), str(sigma), variant], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=env, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_saved_programs_skip_tracing_and_miss_when_anything_that_decides_them_changes(tmp_path):
+    first = saved_probe(tmp_path)
+    saved = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("executables/*.bin"))
+    assert len(saved) == 1 and first["loads"] == 0 and first["compiles"] >= 1
+    assert first["values"] == saved_probe("off")["values"]  # the saved program is the plain jit's
+    second = saved_probe(tmp_path)  # a warm cache: loaded, the same numbers
+    assert second["loads"] == 1 and second["compiles"] < first["compiles"] and second["values"] == first["values"]
+    other_sigma = saved_probe(tmp_path, sigma=0.6)  # sigma is an argument: the same program, other numbers
+    assert other_sigma["loads"] == 1 and other_sigma["values"] != first["values"]
+    # Another source digest misses: traced again. Its HLO is unchanged, so JAX's own cache gives
+    # the program, and that is not saved (it does not reload whole on CPU).
+    edited = saved_probe(tmp_path, variant="edited")
+    assert edited["loads"] == 0 and edited["values"] == first["values"]
+    assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("executables/*.bin")) == saved
+    for path in tmp_path.rglob("executables/*.bin"):  # a damaged entry is not trusted: it goes
+        path.write_bytes(b"truncated")
+    damaged = saved_probe(tmp_path)
+    assert damaged["loads"] == 0 and damaged["values"] == first["values"]
+    # Its program came from JAX's own cache this time, which does not reload whole: not saved.
+    assert not list(tmp_path.rglob("executables/*.bin"))
+
+
+def test_saved_programs_are_off_with_the_cache_and_for_code_outside_tvjax(tmp_path):
+    from tvjax.studies import _replicated
+
+    off = saved_probe("off")
+    assert off["loads"] == 0 and not list(tmp_path.rglob("executables/*"))
+
+    def local_estimator(key, pi, mu, oracle, sizes, copies=None):
+        return key
+
+    assert hasattr(_replicated(local_estimator, 2, False), "lower")  # a plain jit: its code is not in the key
+
 def test_job_keys_are_distinct_and_reproducible():
     keys = [job_key(0, 1, i) for i in range(4)] + [job_key(0, 2, 0), job_key(1, 1, 0)]
     data = [tuple(np.asarray(jax.random.key_data(k)).tolist()) for k in keys]

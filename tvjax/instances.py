@@ -73,11 +73,12 @@ class BlockProcess:
     def _block(self, tokens):
         return _bits_to_int(tokens[:, : self.block_bits])
 
-    def _draw(self, key, num):
+    def _draw(self, key, num, final_p1=None):
         """(block u [num], final bit [num]) of `num` trajectories. One random word per trajectory:
         its top block_bits bits are the block (uniform), the rest a uniform on [0, 1) that the
         final bit compares to p1, so P(final = 1) is p1 rounded up to a multiple of 2^-(32 -
-        block_bits) (2^-20 on the paper's instance). Fewer than 20 bits left: a second word's top 24."""
+        block_bits) (2^-20 on the paper's instance). Fewer than 20 bits left: a second word's top 24.
+        `final_p1(u)` gives each row's P(final = 1) in block u (default: this process's)."""
         uniform_bits = 32 - self.block_bits
         if uniform_bits >= 20:
             words = jax.random.bits(key, (num,), jnp.uint32)
@@ -87,7 +88,8 @@ class BlockProcess:
             words, rest, uniform_bits = pair[:, 0], pair[:, 1] >> 8, 24
         u = (words >> uniform_bits).astype(jnp.int32)
         uniform = rest.astype(jnp.float32) * 2.0**-uniform_bits
-        return u, (uniform < jnp.asarray(self.final_p1, jnp.float32)[u]).astype(jnp.int32)
+        p1 = jnp.asarray(self.final_p1, jnp.float32)[u] if final_p1 is None else final_p1(u)
+        return u, (uniform < p1).astype(jnp.int32)
 
     def sample(self, key, num):
         u, final = self._draw(key, num)
@@ -96,26 +98,35 @@ class BlockProcess:
         path = jnp.asarray(self.hidden_paths)[u].astype(jnp.int32)
         return jnp.concatenate([u_bits, path, final[:, None]], axis=1)
 
-    def realized_sampler(self, models):
+    def realized_sampler(self, models, samplers=None):
         """A function (key, num) -> `Realized` giving the trajectories of `sample(key, num)` under
         `models` (block processes of this shape; None otherwise: callers fall back to tokens)
         without forming a token: per model the block bits' log(1/2), the final bit's log-prob,
         and how many hidden-path positions of block u that model's path disagrees on (each one
-        zero mass). The per-block tables are built here, once, outside the callers' chunk loops."""
-        if not all(isinstance(m, BlockProcess) and (m.n, m.block_bits) == (self.n, self.block_bits) for m in models):
+        zero mass). The per-block tables are built here, once, outside the callers' chunk loops.
+
+        samplers: block processes of this shape; the function then takes a third argument
+        `side` (a scalar or one per row) and gives rows of samplers[side], the same rows as
+        samplers[side].realized_sampler(models) from the same key: every side through one draw
+        (one random call to compile, not one per side)."""
+        sides = (self,) if samplers is None else tuple(samplers)
+        if not all(isinstance(m, BlockProcess) and (m.n, m.block_bits) == (self.n, self.block_bits) for m in models + sides):
             return None
-        hidden = jnp.asarray(self.hidden_paths)
+        final_p1 = jnp.stack([jnp.asarray(side.final_p1, jnp.float32) for side in sides])  # [sides, blocks]
         tables = []
         for model in models:
             p1 = jnp.asarray(model.final_p1, jnp.float32)
-            mismatches = jnp.sum(jnp.asarray(model.hidden_paths) != hidden, axis=1, dtype=jnp.int32)
+            mismatches = jnp.stack([jnp.sum(jnp.asarray(model.hidden_paths) != jnp.asarray(side.hidden_paths), axis=1,
+                                            dtype=jnp.int32) for side in sides])  # [sides, blocks]
             tables.append((jnp.log(1.0 - p1), jnp.log(p1), mismatches))
 
-        def sample(key, num):
-            u, final = self._draw(key, num)
+        def sample(key, num, side=0):
+            # One side: its table rows sliced first, so that the lookups are 1-d gathers.
+            pick = (lambda table, u: table[side][u]) if jnp.ndim(side) == 0 else (lambda table, u: table[side, u])
+            u, final = self._draw(key, num, lambda u: pick(final_p1, u))
             head = jnp.full((num, self.block_bits), jnp.log(0.5), jnp.float32)
             last = [jnp.where(final == 1, log_p1[u], log_p0[u]) for log_p0, log_p1, _ in tables]
-            zero_mass = [mismatches[u] for _, _, mismatches in tables]
+            zero_mass = [pick(mismatches, u) for _, _, mismatches in tables]
             # The path's log-prob directly: cheaper than summing the [num, positions] columns.
             log_path = [self.block_bits * jnp.log(0.5) + lp + jnp.where(z > 0, NEG_INF, 0.0) for lp, z in zip(last, zero_mass)]
             logprobs = [jnp.concatenate([head, lp[:, None]], axis=1) for lp in last]

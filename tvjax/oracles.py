@@ -16,6 +16,7 @@ built for.
 """
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -111,6 +112,20 @@ class _Oracle:
         if draw is not None:
             return lambda key, num: draw(key, num).shard(shard_rows)
         return lambda key, num: shard_rows(sampler.sample(key, num))
+
+    def side_sampler(self, models):
+        """A function (key, num, side) -> `num` trajectories of models[side] (side a traced
+        scalar, or one per row where the sides' compact sampler allows it), as
+        `trajectory_sampler(models[side], models)` draws them from that key. Through one draw
+        where the models' compact sampler takes every side (`realized_sampler(models,
+        samplers=models)`): a program then holds one sampler, not one per side. Else a switch
+        over the sides' samplers (side a scalar)."""
+        compact = getattr(models[0], "realized_sampler", None)
+        draw = None if compact is None or self.needs_tokens else compact(models, samplers=models)
+        if draw is not None:
+            return lambda key, num, side: draw(key, num, side).shard(shard_rows)
+        per_side = [self.trajectory_sampler(model, models) for model in models]
+        return lambda key, num, side: jax.lax.switch(side, [functools.partial(d, num=num) for d in per_side], key)
 
     def realize(self, models, tokens):
         """`Realized` log-probs of token trajectories [num, n] under `models`, at the positions

@@ -9,7 +9,10 @@ then decides the options (pass COMPILER_OPTIONS to your own jax.jit around estim
 """
 
 import functools
+import hashlib
 import os
+import pickle
+import time
 from pathlib import Path
 
 import jax
@@ -83,3 +86,120 @@ def enable_compilation_cache(path=None):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     return folder
+
+
+# --------------------------------------------------------------------------- saved executables
+
+# On a warm compilation cache a program is still traced and lowered to find its entry (a good
+# part of a short study's seconds). A saved executable skips both: it is found by what decides
+# the program without tracing it, the function's identity, tvjax's sources, the arguments'
+# structure and shapes, JAX's configuration, XLA's flags, the devices and the versions.
+EXECUTABLES = "executables"  # subfolder of the compilation cache folder
+EXECUTABLES_MAX_BYTES = 512 * 2**20  # oldest entries go first beyond this
+LOAD_EVENT = "/tvjax/executable_load_duration"
+_executables = {}  # key -> compiled, this process
+_jax_cache_hits = [0]  # JAX's persistent cache hits in this process
+
+
+def _count_jax_cache_hit(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        _jax_cache_hits[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_jax_cache_hit)
+
+
+@functools.cache
+def _package_sources_digest():
+    """Hash of tvjax's own Python sources: any edit to the package is another program."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _environment():
+    import jaxlib
+
+    config = {name: repr(value) for name, value in jax.config.values.items()
+              if "cache" not in name and "log" not in name and "explain" not in name}
+    devices = [(d.platform, d.device_kind) for d in jax.devices()]
+    return (jax.__version__, jaxlib.__version__, os.environ.get("XLA_FLAGS", ""), devices, sorted(config.items()))
+
+
+def _leaf_signature(leaf):
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return ("key", str(jax.random.key_impl(leaf)), leaf.shape)
+    aval = jax.typeof(leaf) if isinstance(leaf, jax.Array) else jax.api_util.shaped_abstractify(leaf)
+    return (str(aval), getattr(leaf, "weak_type", None), type(leaf).__name__, str(getattr(leaf, "sharding", None)))
+
+
+def _executable_key(identity, sources, args):
+    leaves, tree = jax.tree.flatten(args)
+    digest = hashlib.sha256(repr((identity, _package_sources_digest(), [Path(s).read_bytes() for s in sources],
+                                  str(tree), [_leaf_signature(leaf) for leaf in leaves], _environment(),
+                                  str(jax.sharding.get_abstract_mesh()))).encode())
+    return digest.hexdigest()[:32]
+
+
+def _prune(folder):
+    files = sorted(folder.glob("*.bin"), key=lambda p: p.stat().st_mtime, reverse=True)
+    kept = 0
+    for path in files:
+        kept += path.stat().st_size
+        if kept > EXECUTABLES_MAX_BYTES:
+            path.unlink(missing_ok=True)
+
+
+def _load_or_compile(jitted, key, args):
+    from jax.experimental import serialize_executable
+
+    cache = jax.config.jax_compilation_cache_dir
+    path = Path(cache) / EXECUTABLES / f"{key}.bin" if cache else None
+    if path is not None and path.exists():
+        start = time.perf_counter()
+        try:
+            payload = pickle.loads(path.read_bytes())
+            compiled = serialize_executable.deserialize_and_load(*payload)
+            jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
+            os.utime(path)  # recently used
+            return compiled
+        except Exception:  # written by another jaxlib, truncated, ...: compile afresh and replace it
+            path.unlink(missing_ok=True)
+    hits_before = _jax_cache_hits[0]
+    compiled = jitted.lower(*args).compile()
+    # An executable that JAX loaded from its own cache does not serialize whole on CPU (its
+    # fusions' code is missing when reloaded): only a fresh compile is saved.
+    if path is not None and _jax_cache_hits[0] == hits_before:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(pickle.dumps(serialize_executable.serialize(compiled)))
+        os.replace(partial, path)  # whole entries only, whatever runs beside
+        _prune(path.parent)
+    return compiled
+
+
+def saved_program(jitted, identity, sources=()):
+    """`jitted` (a jax.jit function) as a callable that, called with concrete arguments while a
+    compilation cache is on (`enable_compilation_cache`), runs an executable saved in the cache
+    folder's `executables/` for these arguments' structure and shapes, or compiles, saves and
+    runs one: no tracing or lowering on a warm cache. `identity` (hashable, with a stable repr)
+    names the function and every value it closes over; `sources` are files beyond the tvjax
+    package whose code it runs. So the key misses when tvjax's sources, those files, the
+    arguments' structure (static fields included), shapes or dtypes, JAX's configuration,
+    XLA_FLAGS, the devices or the versions change. Code changed at run time (a patched class
+    attribute) is not seen: it goes through `jitted` with the cache off. Traced arguments, or
+    jax.disable_jit, call `jitted` directly."""
+
+    def call(*args):
+        if not jax.config.jax_compilation_cache_dir or jax.config.jax_disable_jit or not all_concrete(args):
+            return jitted(*args)
+        key = _executable_key(identity, sources, args)
+        compiled = _executables.get(key)
+        if compiled is None:
+            compiled = _executables[key] = _load_or_compile(jitted, key, args)
+        return compiled(*args)
+
+    return call

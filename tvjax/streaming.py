@@ -87,8 +87,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
     counts [segments, copies, levels]: group (c, l) of segment s is counts[s, c, l] rows at
     level l. A segment's groups are laid end to end, copy after copy, as one stream of rows that
     runs in chunks of the static size `chunk`, each row tagged with its level; a chunk holds rows
-    of up to WINDOW consecutive groups. So padding costs at most one chunk per segment, whatever
-    the numbers of copies and levels, and many small estimates share chunks. Sizes are runtime
+    of up to WINDOW consecutive non-empty groups (empty ones, such as padding levels, take no
+    place in the stream). So padding costs at most one chunk per segment, whatever the numbers
+    of copies and levels, and many small estimates share chunks. Sizes are runtime
     values (a traced array is fine): one compiled program serves every size and schedule of a
     shape, and memory stays at one chunk. Returns Moments of shape [segments, copies, levels].
 
@@ -102,7 +103,10 @@ def level_moments(key, summand, counts, chunk, positions=False):
     window = min(WINDOW, groups)
 
     def segment_body(segment, acc):
-        ends = jnp.cumsum(counts[segment].reshape(-1))
+        # The stream runs over the non-empty groups, in order: `order[j]` is the j-th one's group.
+        sizes = counts[segment].reshape(-1)
+        order = jnp.argsort(sizes == 0, stable=True)
+        ends = jnp.cumsum(sizes[order])
         total = ends[-1]
         # Padded so that a window starting at any group stays in bounds.
         window_ends = jnp.concatenate([ends, jnp.full(window, total)])
@@ -115,7 +119,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
             stop = jnp.minimum(start + chunk, local_ends[-1])
             rows = start + jnp.arange(chunk)
             local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1)
-            level = (first + jnp.minimum(local, window - 1)) % levels
+            # Rows past `stop` are padding: they take the first group's level, so that a chunk of
+            # one level's rows is seen as such (Algorithm 3's first level draws less).
+            level = order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] % levels
             out = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
             values = out[0] if positions else out
             seen = Moments(*(jax.lax.dynamic_slice(a, (first,), (window,)) for a in m))
@@ -131,7 +137,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
         start = (jnp.int32(0), jnp.int32(0), Moments(zeros, zeros, zeros), zeros)
         _, _, m, p = jax.lax.while_loop(lambda state: state[0] < total, step, start)
         moments, spent = acc
-        return Moments(*(a.at[segment].set(b[:groups]) for a, b in zip(moments, m))), spent.at[segment].set(p[:groups])
+        unordered = lambda a: jnp.zeros(groups).at[order].set(a[:groups])
+        return (Moments(*(a.at[segment].set(unordered(b)) for a, b in zip(moments, m))),
+                spent.at[segment].set(unordered(p)))
 
     zeros = jnp.zeros((segments, groups))
     with random_streams():

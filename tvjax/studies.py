@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tvjax.cost import SCORING_MODELS
-from tvjax.programs import jit_program
+from tvjax.programs import jit_program, saved_program
 from tvjax.schedules import Samples, Schedule
 
 
@@ -34,13 +34,19 @@ def replicate(fn, key, reps, pi, mu, oracle, sizes, fast_compile=False):
     runtime argument, so one compiled program, cached per (fn, reps, fast_compile) and the
     shapes of the arguments, serves every size of a study; pass numpy arrays (e.g.
     `schedules.as_runtime`) for sizes that change between calls. fast_compile lowers XLA's
-    backend optimization (about 2x faster compiles, slower runs)."""
+    backend optimization (about 2x faster compiles, slower runs). With a compilation cache on,
+    a tvjax estimator's program is saved and reloaded whole (`tvjax.programs.saved_program`):
+    a warm cache skips its tracing and lowering too."""
     return jax.tree.map(np.asarray, _replicated(fn, reps, fast_compile)(key, pi, mu, oracle, sizes))
 
 
 @functools.lru_cache(maxsize=None)
 def _replicated(fn, copies, fast_compile):
-    return jit_program(lambda key, pi, mu, oracle, sizes: fn(key, pi, mu, oracle, sizes, copies=copies), fast_compile)
+    jitted = jit_program(lambda key, pi, mu, oracle, sizes: fn(key, pi, mu, oracle, sizes, copies=copies), fast_compile)
+    module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "<unknown>")
+    if not module.startswith("tvjax.") or "<" in name:
+        return jitted  # code outside tvjax's sources (or a closure): traced every process, never saved
+    return saved_program(jitted, ("replicate", module, name, copies, fast_compile))
 
 
 def job_key(seed, *indices):

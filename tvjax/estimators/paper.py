@@ -149,12 +149,12 @@ def _symmetric(key, pi, mu, oracle, counts, repeats, chunk):
     fine = repeats
     coarse = jnp.concatenate([jnp.zeros(1, jnp.int32), fine[:-1]])
 
-    draws = [oracle.trajectory_sampler(sampler, (pi, mu)) for sampler in (pi, mu)]
+    draw = oracle.side_sampler((pi, mu))
     stop = shared_stopping_ids(pi, mu)
 
     def summand(k, side, level, size):
         k_sample, k_score = jax.random.split(k)
-        paths = jax.lax.cond(side == 0, lambda k: draws[0](k, size), lambda k: draws[1](k, size), k_sample)
+        paths = draw(k_sample, size, side)
 
         def first_level():  # Y_0 = Z_{r_0}: one drawn sum per cell
             return mixture_z(*oracle.nested_path_logprobs(k_score, (pi, mu), paths, (fine[level, None],)))[:, 0]
