@@ -136,9 +136,18 @@ def _leaf_signature(leaf):
     return (str(aval), getattr(leaf, "weak_type", None), type(leaf).__name__, str(getattr(leaf, "sharding", None)))
 
 
+@functools.cache
+def _files_digest(paths):
+    """Hash of the files `paths` (read once per process, not per call)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
 def _executable_key(identity, sources, args):
     leaves, tree = jax.tree.flatten(args)
-    digest = hashlib.sha256(repr((identity, _package_sources_digest(), [Path(s).read_bytes() for s in sources],
+    digest = hashlib.sha256(repr((identity, _package_sources_digest(), _files_digest(tuple(sources)),
                                   str(tree), [_leaf_signature(leaf) for leaf in leaves], _environment(),
                                   str(jax.sharding.get_abstract_mesh()))).encode())
     return digest.hexdigest()[:32]
