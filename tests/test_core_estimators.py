@@ -531,29 +531,35 @@ def test_registry_lookup_and_configured_estimators():
         E.configured("plugin", {"num_per_side": 8}, num_groups=3)
 
 
-def test_grouped_moments_match_float64_and_keep_non_finite_values_in_their_group():
-    """The streaming reduction's per-group moments (one-hot products) against a float64 reference
-    per group, padding rows that hold inf ignored; a valid inf (a KL baseline under support
-    mismatch) must stay in its own group, not turn every group's moments into NaN."""
-    from tvjax.streaming import grouped_moments
+@pytest.mark.parametrize("rows", [64, 100, 2048, 16384])
+def test_range_moments_match_float64_and_keep_non_finite_values_in_their_range(rows):
+    """The streaming reduction's per-group moments (blocks inside a range by their own moments,
+    partly covered blocks by masks) against a float64 reference per range: ranges that start and
+    end inside a block, span several, cover whole blocks or are empty; rows outside every range
+    hold inf and must not be read. A valid inf (a KL baseline under support mismatch) stays in
+    its own range instead of turning every range's moments into NaN."""
+    from tvjax.streaming import range_moments
 
-    rng = np.random.default_rng(5)
-    rows, window = 2048, 32
-    local = np.sort(rng.integers(0, 20, rows)).astype(np.int32)  # sorted like a chunk's rows; groups 20..31 empty
-    values = (rng.normal(size=rows) * 0.1 + 0.3 * local).astype(np.float32)
-    valid = rng.random(rows) < 0.9
-    values[~valid] = np.inf  # padding rows may hold anything
-    moments = jax.jit(grouped_moments, static_argnums=3)
-    count, mean, m2 = (np.asarray(a, np.float64) for a in moments(values, local, valid, window))
-    for g in range(window):
-        kept = values[valid & (local == g)].astype(np.float64)
-        assert count[g] == kept.size
-        if kept.size:
-            assert mean[g] == pytest.approx(kept.mean(), rel=1e-5, abs=1e-6)
-            assert m2[g] == pytest.approx(np.sum((kept - kept.mean()) ** 2), rel=1e-4, abs=1e-6)
-        else:
-            assert mean[g] == 0.0 and m2[g] == 0.0
-    values[np.flatnonzero(valid & (local == 3))[0]] = np.inf
-    _, mean_inf, _ = (np.asarray(a) for a in moments(values, local, valid, window))
-    assert mean_inf[3] == np.inf
-    np.testing.assert_allclose(np.delete(mean_inf, 3), np.delete(mean, 3), rtol=1e-5, atol=1e-6)
+    rng = np.random.default_rng(rows)
+    moments = jax.jit(range_moments)
+    for _ in range(5):
+        cuts = np.sort(rng.integers(0, rows + 1, 2 * 20))
+        lo, hi = cuts[0::2].astype(np.int32), cuts[1::2].astype(np.int32)
+        lo[3], hi[3] = lo[4], lo[4]  # an empty range
+        values = np.full(rows, np.inf, np.float32)  # rows between ranges may hold anything
+        for j, (a, b) in enumerate(zip(lo, hi)):
+            values[a:b] = rng.normal(size=b - a) * 0.1 + 0.3 * j + 5.0
+        count, mean, m2 = (np.asarray(a, np.float64) for a in moments(values, lo, hi))
+        for j, (a, b) in enumerate(zip(lo, hi)):
+            kept = values[a:b].astype(np.float64)
+            assert count[j] == kept.size
+            if kept.size:
+                assert mean[j] == pytest.approx(kept.mean(), rel=1e-6, abs=1e-6)
+                assert m2[j] == pytest.approx(np.sum((kept - kept.mean()) ** 2), rel=1e-4, abs=1e-6)
+            else:
+                assert mean[j] == 0.0 and m2[j] == 0.0
+    wide = int(np.argmax(hi - lo))
+    values[(lo[wide] + hi[wide]) // 2] = np.inf
+    _, mean_inf, _ = (np.asarray(a) for a in moments(values, lo, hi))
+    assert mean_inf[wide] == np.inf
+    np.testing.assert_allclose(np.delete(mean_inf, wide), np.delete(mean, wide), rtol=1e-6, atol=1e-6)

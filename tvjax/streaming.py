@@ -54,31 +54,64 @@ def merge_moments(a, b):
     return Moments(count, a.mean + delta * share, a.m2 + b.m2 + delta**2 * a.count * share)
 
 
-def grouped_moments(values, local, valid, window):
-    """Moments [window] of the `valid` values per local group id in [0, window), as the masked
-    two-pass form computes them (deviations from each group's mean), through [rows, window]
-    one-hot products: matrix products run several times faster on CPU than masked reductions
-    along the rows. Products would spread a non-finite value into every group (inf * 0), so a
-    chunk holding one takes the masked form."""
-    finite = jnp.all(jnp.where(valid, jnp.isfinite(values), True))
-
-    def products():
-        onehot = ((local[:, None] == jnp.arange(window)) & valid[:, None]).astype(values.dtype)
-        kept = jnp.where(valid, values, 0.0)
-        count = jnp.sum(onehot, axis=0)
-        mean = (kept @ onehot) / jnp.maximum(count, 1.0)
-        deviation = jnp.where(valid, kept - onehot @ mean, 0.0)
-        return Moments(count, mean, (deviation * deviation) @ onehot)
-
-    masked = lambda: masked_moments(values[:, None], valid[:, None] & (local[:, None] == jnp.arange(window)))
-    return jax.lax.cond(finite, products, masked)
+def _block_rows(rows):
+    """Rows per block for `range_moments`: about the square root of the chunk, a power of two,
+    so that the per-block pass over the chunk and the per-range passes over a block or two
+    cost about the same."""
+    return 1 << max(0, (max(rows, 1).bit_length() - 1) // 2)
 
 
-def window_moments(values, local, valid, window, single):
-    """Moments [window] of the `valid` values per local group id. `single`: every valid row is
-    in group 0 (most chunks of a large estimate), a reduction over the rows alone."""
-    one_group = lambda: Moments(*(jnp.pad(a, (0, window - 1)) for a in masked_moments(values[:, None], valid[:, None])))
-    return jax.lax.cond(single, one_group, lambda: grouped_moments(values, local, valid, window))
+def range_moments(values, lo, hi):
+    """Moments [ranges] of values[lo[j]:hi[j]] for ranges that do not overlap (lo, hi [ranges],
+    0 <= lo <= hi <= len(values); rows outside every range are never read into one).
+
+    The chunk is cut into blocks of about sqrt(rows) rows. A block lying wholly inside a range
+    enters it through the block's own two-pass moments, merged by Chan et al.'s formula; the
+    rows of a range in a block it only partly covers (its head and its tail) enter by masked
+    two-pass moments over that one block. So the cost is one pass over the rows plus a few
+    blocks per range, where a per-row group label needs [rows, ranges] work, and every sum runs
+    over one range's rows only: a non-finite value stays in its own range."""
+    rows = values.shape[0]
+    size = _block_rows(rows)
+    blocks = -(-rows // size)
+    grid = jnp.pad(values, (0, blocks * size - rows)).reshape(blocks, size)
+    block_mean = jnp.mean(grid, axis=1)
+    block = Moments(jnp.full(blocks, float(size)), block_mean, jnp.sum((grid - block_mean[:, None]) ** 2, axis=1))
+    lo, hi = jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
+    first_full = -(-lo // size) * size  # the first block boundary at or past lo
+    last_full = hi // size * size  # the last block boundary at or before hi
+    spans_blocks = first_full <= last_full
+    starts = jnp.arange(blocks, dtype=jnp.int32) * size
+    inside = (starts >= first_full[:, None]) & (starts + size <= last_full[:, None])  # [ranges, blocks]
+    full = _merged_blocks(block, inside)
+
+    def partial(begin, end):
+        # Rows [begin, end) of each range, all in the block holding `begin` (empty when begin >= end).
+        index = jnp.minimum(begin // size, blocks - 1)
+        where = index[:, None] * size + jnp.arange(size, dtype=jnp.int32)
+        return masked_moments(grid[index].T, ((where >= begin[:, None]) & (where < end[:, None])).T)
+
+    head = partial(lo, jnp.where(spans_blocks, first_full, hi))
+    tail = partial(jnp.where(spans_blocks, last_full, hi), hi)
+    return _combine((head, full, tail))
+
+
+def _merged_blocks(block, inside):
+    """Moments [ranges] of the blocks marked `inside` [ranges, blocks] (each block's Moments)."""
+    count = jnp.sum(jnp.where(inside, block.count, 0.0), axis=1)
+    mean = jnp.sum(jnp.where(inside, block.count * block.mean, 0.0), axis=1) / jnp.maximum(count, 1.0)
+    spread = block.m2 + block.count * (block.mean - mean[:, None]) ** 2
+    return Moments(count, mean, jnp.sum(jnp.where(inside, spread, 0.0), axis=1))
+
+
+def _combine(parts):
+    """One Moments from disjoint parts, in one step (their means weighted, then the spread of the
+    means): exact where a part is empty, and a part's inf mean stays inf."""
+    count = sum(part.count for part in parts)
+    total = sum(jnp.where(part.count > 0, part.count * part.mean, 0.0) for part in parts)
+    mean = total / jnp.maximum(count, 1.0)
+    m2 = sum(jnp.where(part.count > 0, part.m2 + part.count * (part.mean - mean) ** 2, 0.0) for part in parts)
+    return Moments(count, mean, m2)
 
 
 def level_moments(key, summand, counts, chunk, positions=False):
@@ -118,14 +151,20 @@ def level_moments(key, summand, counts, chunk, positions=False):
             local_ends = jax.lax.dynamic_slice(window_ends, (first,), (window,))
             stop = jnp.minimum(start + chunk, local_ends[-1])
             rows = start + jnp.arange(chunk)
-            local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1)
+            # The window's groups as row ranges of this chunk: group j ends at local_ends[j].
+            begins = jnp.concatenate([start[None], local_ends[:-1]])
+            lo = jnp.clip(begins - start, 0, chunk)
+            hi = jnp.clip(jnp.minimum(local_ends, stop) - start, lo, chunk)
+            # A row's group only matters for its level (and its positions): none for one level.
+            local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1) if levels > 1 or positions else None
             # Rows past `stop` are padding: they take the first group's level, so that a chunk of
             # one level's rows is seen as such (Algorithm 3's first level draws less).
-            level = order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] % levels
+            level = (order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] % levels
+                     if levels > 1 else jnp.zeros(chunk, jnp.int32))
             out = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
             values = out[0] if positions else out
             seen = Moments(*(jax.lax.dynamic_slice(a, (first,), (window,)) for a in m))
-            merged = merge_moments(seen, window_moments(values, local, rows < stop, window, stop <= local_ends[0]))
+            merged = merge_moments(seen, range_moments(values, lo, hi))
             m = Moments(*(jax.lax.dynamic_update_slice(a, b, (first,)) for a, b in zip(m, merged)))
             if positions:  # static: fixed-length estimators carry p untouched
                 in_group = (rows < stop)[:, None] & (local[:, None] == jnp.arange(window))
