@@ -26,9 +26,10 @@ straight-line pass draws every cell, and the loops that remain run on the few ce
   whole array costs about one random draw per cell). A cell that does not fit a buffer, or is
   still rejected after the last, stays pending for another pass: any mix is exact, if slower.
 
-Both straight-line formulas are evaluated on every cell (vectorized selects are cheaper than
-sorting cells by algorithm), but no loop runs over a cell that is done. Outside the domain (count
-negative, non-finite or >= 2^24; p outside [0, 1] or NaN) the result is NaN.
+Where a call holds cells of both kinds, both straight-line formulas are evaluated on every cell
+(vectorized selects are cheaper than sorting cells by algorithm); a formula that no cell needs is
+skipped (a chunk of small counts draws no BTRS trial), and no loop runs over a cell that is done.
+Outside the domain (count negative, non-finite or >= 2^24; p outside [0, 1] or NaN) the result is NaN.
 """
 
 import jax
@@ -68,8 +69,11 @@ def binomial(key, count, p):
     key_first, key_tail, key_retry = jax.random.split(key, 3)
     words = jax.random.bits(key_first, (2,) + n.shape, jnp.uint32)
     # Each path gets harmless parameters on the other's cells (n = 0: X = 0 at once).
-    x_small = _inversion(key_tail, words, jnp.where(big, 0.0, n), jnp.where(big, 0.0, q))
-    x_big = _btrs(key_retry, words, jnp.where(big, n, 100.0), jnp.where(big, q, 0.5), big)
+    # A path that no cell takes is skipped: a chunk of small counts draws no BTRS trial.
+    zeros = lambda: jnp.zeros_like(n)
+    small = lambda: _inversion(key_tail, words, jnp.where(big, 0.0, n), jnp.where(big, 0.0, q))
+    x_small = lax.cond(jnp.any(~big & (n * q > 0)), small, zeros)
+    x_big = lax.cond(jnp.any(big), lambda: _btrs(key_retry, words, jnp.where(big, n, 100.0), jnp.where(big, q, 0.5), big), zeros)
     x = jnp.where(big, x_big, x_small)
     x = jnp.where(flip, n - x, x)
     return jnp.where(valid, x, jnp.nan).reshape(shape)

@@ -1,8 +1,8 @@
 """The streaming reduction under every synthetic estimator, and its chunk policy.
 
 Trajectories are drawn, reduced and discarded chunk by chunk inside jit: no [N, n, R] array
-exists. `level_moments` lays groups of rows (copy, level) end to end as one stream that runs in
-chunks of a static size, and keeps running moments per group.
+exists. `level_moments` lays groups of rows (copy, level) end to end, level after level, as one
+stream that runs in chunks of a static size, and keeps running moments per group (`range_moments`).
 """
 
 import math
@@ -118,7 +118,7 @@ def level_moments(key, summand, counts, chunk, positions=False):
     """Moments of summand(key, segment, levels [chunk], chunk) -> [chunk] per group of rows.
 
     counts [segments, copies, levels]: group (c, l) of segment s is counts[s, c, l] rows at
-    level l. A segment's groups are laid end to end, copy after copy, as one stream of rows that
+    level l. A segment's groups are laid end to end, level after level, as one stream of rows that
     runs in chunks of the static size `chunk`, each row tagged with its level; a chunk holds rows
     of up to WINDOW consecutive non-empty groups (empty ones, such as padding levels, take no
     place in the stream). So padding costs at most one chunk per segment, whatever the numbers
@@ -137,7 +137,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
 
     def segment_body(segment, acc):
         # The stream runs over the non-empty groups, in order: `order[j]` is the j-th one's group.
-        sizes = counts[segment].reshape(-1)
+        # Level major: every copy's first level, then every copy's second, ... so that most chunks
+        # hold one level's rows (Algorithm 3 draws less for a chunk of first-level rows).
+        sizes = counts[segment].T.reshape(-1)
         order = jnp.argsort(sizes == 0, stable=True)
         ends = jnp.cumsum(sizes[order])
         total = ends[-1]
@@ -159,7 +161,7 @@ def level_moments(key, summand, counts, chunk, positions=False):
             local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1) if levels > 1 or positions else None
             # Rows past `stop` are padding: they take the first group's level, so that a chunk of
             # one level's rows is seen as such (Algorithm 3's first level draws less).
-            level = (order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] % levels
+            level = (order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] // copies
                      if levels > 1 else jnp.zeros(chunk, jnp.int32))
             out = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
             values = out[0] if positions else out
@@ -183,8 +185,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
     zeros = jnp.zeros((segments, groups))
     with random_streams():
         moments, spent = jax.lax.fori_loop(0, segments, segment_body, (Moments(zeros, zeros, zeros), zeros))
-    moments = Moments(*(a.reshape(segments, copies, levels) for a in moments))
-    return (moments, spent.reshape(segments, copies, levels)) if positions else moments
+    by_copy = lambda a: jnp.swapaxes(a.reshape(segments, levels, copies), 1, 2)
+    moments = Moments(*(by_copy(a) for a in moments))
+    return (moments, by_copy(spent)) if positions else moments
 
 
 def memory_chunk(process, oracle):
