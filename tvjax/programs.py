@@ -20,6 +20,11 @@ import jax
 from tvjax.validate import all_concrete
 
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+# A program that runs once, briefly (a study's diagnostic on a few thousand trajectories), costs
+# mostly its compile: LLVM at level 1 compiles it about a third faster than XLA's default level 3,
+# and on such a run the code it makes is as fast (benchmarks/README.md). Long runs keep level 3
+# (Algorithm 3's estimates run twice as long at level 1).
+BRIEF_RUN_OPTIONS = {**COMPILER_OPTIONS, "xla_backend_optimization_level": 1}
 
 
 def program(static_argnames=()):
