@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,5 +63,6 @@ def test_quick_anchor_benchmark_reports_both_sides(tmp_path):
             assert {"startup_and_imports", "tracing", "compiling", "runs", "figures"} <= set(side["seconds"])
         assert warm["seconds"]["compiling"] < cold["seconds"]["compiling"]
         assert entry["random_words"] > 0 and entry["random_floor_seconds"] > 0
+        assert entry["runs_over_floor"] == pytest.approx(entry["floor_process_runs"] / entry["random_floor_seconds"])
         if report["anchors"]:
             assert entry["paper"]["wall"] > 0 and entry["speedup_cold"]["wall"] > 0

@@ -212,9 +212,10 @@ def random_words(pi, oracle, sizes, copies=1):
     return int(np.sum(sides * per_side * copies * (getattr(pi, "random_words_per_sample", pi.n) + drawn)))
 
 
-def random_floor_seconds(words, chunk=2**16):
+def random_floor_seconds(words, chunk=2**16, repeats=3):
     """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
-    as the estimators draw them, compile excluded: the floor under a study's runs."""
+    as the estimators draw them, compile excluded: the floor under a study's runs. The median of
+    `repeats` timed draws (one draw's time moves by a quarter from one to the next here)."""
     steps = max(1, -(-int(words) // chunk))
 
     @jax.jit
@@ -223,6 +224,9 @@ def random_floor_seconds(words, chunk=2**16):
         return jax.lax.fori_loop(0, steps, body, jnp.uint32(0))
 
     jax.block_until_ready(draw(jax.random.key(0), 1))
-    start = time.perf_counter()
-    jax.block_until_ready(draw(jax.random.key(1), steps))
-    return time.perf_counter() - start
+    seconds = []
+    for attempt in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(draw(jax.random.key(attempt + 1), steps))
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
