@@ -173,10 +173,13 @@ class _Oracle:
         full = (len(models), len(increments)) + cells
         count = jnp.broadcast_to(jnp.stack([jnp.broadcast_to(c, cells) for c in increments]), full)
         state = jax.tree.map(lambda *a: jnp.broadcast_to(jnp.stack(a)[:, None], full + a[0].shape[2:]), *states)
-        totals = jnp.cumsum(self._draw_sum(key, state, count), axis=1)
-        if no_first:
-            totals = jnp.concatenate([jnp.zeros_like(totals[:, :1]), totals], axis=1)
-        columns = jnp.stack([self._path(totals[:, l], jnp.maximum(r, 1)) for l, r in enumerate(repeats)], -1)
+        sums = self._draw_sum(key, state, count)
+        # The nested totals as plain adds over the few increments: XLA's CPU cumsum is a
+        # reduce-window kernel of its own to compile.
+        totals = [jnp.zeros_like(sums[:, 0])] if no_first else []
+        for j in range(len(increments)):
+            totals.append(sums[:, j] if j == 0 and not no_first else totals[-1] + sums[:, j])
+        columns = jnp.stack([self._path(totals[l], jnp.maximum(r, 1)) for l, r in enumerate(repeats)], -1)
         return [f[:, None] + column for f, column in zip(realized.fixed_logprobs(self.floor), columns)]
 
 
@@ -256,6 +259,7 @@ class Sampler(_Oracle):
     """
 
     floor: float = LOG_FLOOR
+    separate_first_level = False
 
     def noise_level(self, pi, mu):
         # Lemma 4: a prefix sampler is a noisy oracle with sigma^2 <= K, the largest support.
