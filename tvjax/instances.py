@@ -118,18 +118,20 @@ class BlockProcess:
             p1 = jnp.asarray(model.final_p1, jnp.float32)
             mismatches = jnp.stack([jnp.sum(jnp.asarray(model.hidden_paths) != jnp.asarray(side.hidden_paths), axis=1,
                                             dtype=jnp.int32) for side in sides])  # [sides, blocks]
-            tables.append((jnp.log(1.0 - p1), jnp.log(p1), mismatches))
+            # The whole path's log-prob per (side, block u, final bit), flat as u * 2 + bit: exact
+            # logits read one entry per row (what the oracles that draw need, below, goes unused).
+            last = jnp.stack([jnp.log(1.0 - p1), jnp.log(p1)], axis=-1)  # [blocks, 2]
+            paths = self.block_bits * jnp.log(0.5) + last + jnp.where(mismatches > 0, NEG_INF, 0.0)[..., None]
+            tables.append((last, mismatches, paths.reshape(len(sides), -1)))
 
         def sample(key, num, side=0):
             # One side: its table rows sliced first, so that the lookups are 1-d gathers.
             pick = (lambda table, u: table[side][u]) if jnp.ndim(side) == 0 else (lambda table, u: table[side, u])
             u, final = self._draw(key, num, lambda u: pick(final_p1, u))
             head = jnp.full((num, self.block_bits), jnp.log(0.5), jnp.float32)
-            last = [jnp.where(final == 1, log_p1[u], log_p0[u]) for log_p0, log_p1, _ in tables]
-            zero_mass = [pick(mismatches, u) for _, _, mismatches in tables]
-            # The path's log-prob directly: cheaper than summing the [num, positions] columns.
-            log_path = [self.block_bits * jnp.log(0.5) + lp + jnp.where(z > 0, NEG_INF, 0.0) for lp, z in zip(last, zero_mass)]
-            logprobs = [jnp.concatenate([head, lp[:, None]], axis=1) for lp in last]
+            logprobs = [jnp.concatenate([head, last.reshape(-1)[2 * u + final][:, None]], axis=1) for last, _, _ in tables]
+            zero_mass = [pick(mismatches, u) for _, mismatches, _ in tables]
+            log_path = [pick(paths, 2 * u + final) for _, _, paths in tables]
             return Realized(tuple(logprobs), tuple(zero_mass), tuple(log_path))
 
         return sample

@@ -191,8 +191,9 @@ class Exact(_Oracle):
     draws = False
     separate_first_level = False  # nothing drawn: one branch
     # Exact rows are cheap (on the block instance one random word each): long chunks amortize
-    # the loop's per-step cost.
-    traced_chunk_rows = 16384
+    # the loop's per-step cost, each of a step's few dozen kernels paying its own launch (a
+    # quarter of Figure 5's runs at 16384 rows). Token trajectories stay within memory_chunk.
+    traced_chunk_rows = 65536
 
     def nested_path_logprobs(self, key, models, trajectories, repeats):
         if isinstance(trajectories, Realized):
