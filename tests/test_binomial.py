@@ -183,3 +183,52 @@ def test_vmap_matches_single_calls(grid):
     batched = np.asarray(jax.jit(jax.vmap(lambda k, c: binomial(k, c, p)))(keys, count))
     for i in range(3):
         assert np.array_equal(batched[i], np.asarray(grid(keys[i], count[i])), equal_nan=True)
+
+
+def _sparse_layout(cases, rows=32, draws=65_536):
+    """Fair cells (16, 1/2) on every row but the last few, which hold the (count, p) cases: the
+    inversion cells fill at most 1/16 of the blocks, so the sparse path draws them, from the call's
+    shared words."""
+    counts = np.full((rows, draws), 16, np.int32)
+    probs = np.full((rows, draws), 0.5, np.float32)
+    for row, (count, p) in enumerate(cases, start=rows - len(cases)):
+        counts[row], probs[row] = count, p
+    return jnp.asarray(counts), jnp.asarray(probs)
+
+
+def test_sparse_inversion_and_single_piece_fair_coins():
+    cases = [(16, 0.05), (300, 0.97)]
+    counts, probs = _sparse_layout(cases)
+    small = jnp.where((probs == 0.5) | (probs == 1.0), 0.0, jnp.minimum(probs, 1 - probs))
+    assert bool(tb._blocks(small).sparse)  # the path under test is the one taken
+    x = np.asarray(jax.jit(binomial)(jax.random.key(7), counts, probs), np.float64)
+    for row, (count, p) in zip(x[-len(cases):], cases):  # each block back in its place
+        _check_law(row, count, float(np.float32(p)))
+    # The fair rows: one 16-bit piece each, the low and high halves of one word in different cells.
+    fair = x[:-len(cases)]
+    _check_law(fair[:, :8192].reshape(-1), 16, 0.5)
+    _check_law(fair[:, -8192:].reshape(-1), 16, 0.5)
+    assert np.corrcoef(fair[0, :32_768], fair[0, 32_768:])[0, 1] < 0.02
+
+
+@pytest.mark.parametrize("count", [2, 5, 16])  # (count 1 at p = 1/2: a variance with no spread to test)
+def test_fair_coins_one_piece(count):
+    """Every count at most 16: one 16-bit piece per cell, two cells per word."""
+    x = np.asarray(jax.jit(binomial)(jax.random.key(count), jnp.full((DRAWS,), count), 0.5), np.float64)
+    _check_law(x, count, 0.5)
+
+
+def test_fair_coins_past_64_take_btrs_and_below_take_set_bits():
+    counts = jnp.asarray([[64], [65]]) * jnp.ones((2, DRAWS), jnp.int32)
+    x = np.asarray(jax.jit(binomial)(jax.random.key(11), counts, 0.5), np.float64)
+    _check_law(x[0], 64, 0.5)
+    _check_law(x[1], 65, 0.5)
+
+
+def test_sparse_rare_paths(monkeypatch):
+    """The envelope path of cells drawn by the sparse path (a window of 6 makes it common)."""
+    monkeypatch.setattr(tb, "_WINDOW", 6)
+    counts, probs = _sparse_layout([(12, 0.3)])
+    x = np.asarray(jax.jit(lambda k, c, q: binomial(k, c, q))(jax.random.key(8), counts, probs), np.float64)
+    assert np.mean(x[-1] >= 6) > 0.05
+    _check_law(x[-1], 12, float(np.float32(0.3)))

@@ -1,36 +1,44 @@
 """Exact Binomial(count, p) draws whose cost follows the average work per cell, not the slowest cell.
 
 `jax.random.binomial` runs its inversion loop and its rejection loop over every cell, each drawing
-a full-shape uniform per iteration until the slowest cell of the array is done. Here one
-straight-line pass draws every cell, and the loops that remain run on the few cells still open:
+a full-shape uniform per iteration until the slowest cell of the array is done. Here each cell takes
+one of three exact paths, each with its own random words, and a path that no cell of a call takes
+is skipped:
 
 * q = min(p, 1 - p); X ~ Binomial(count, q) is reflected to count - X where p > 1/2. count = 0 and
-  q = 0 come out as 0 from the inversion below, with no special case.
-* Every cell draws two 32-bit words once; each cell takes its value from one of the two paths.
-* count * q <= 10: inversion over the window k < 32, straight-line. The unnormalized weights
-  w_k = prod_{j<k} (count - j) q / ((j + 1)(1 - q)) are summed from the top, s_k = sum_{j>=k} w_j,
-  and X = #{k >= 1: e s_0 <= s_k} for e uniform in (0, 1] (resolution 2^-64 near 0). Normalizing
-  by the computed total and summing from the top keep every tail probability s_k / s_0 accurate to
-  ~32 ulp relative, where a forward CDF walk from (1 - q)^count carries an absolute error of ~1e-6
-  and cannot reach tails below 2^-24. The mass past the window is covered by a geometric envelope
-  w_32 rho^j / (1 - rho) (rho, the weight ratio at 32, is < 0.61 as count * q <= 10): a cell that
-  lands there (chance < 1e-7) takes an exact accept/reject step and is redrawn whole on rejection,
-  in a loop that runs zero times on almost every call. No tail is cut off.
-* count * q > 10: BTRS (Hormann 1993, as in `jax.random.binomial`), its log-acceptance bound
-  written in d = k - m so the float32 rounding scales with |d|, not with k. The first trial runs on
-  every cell; the 12-27% rejected are compacted into a buffer of size / 8 for the second trial, the
-  cells rejected there into a quarter of that, and so on; the last buffer runs 8 trials per cell
-  side by side and keeps the first accepted. Later trials thus draw words for pending cells only
-  (~0.4 words per cell on mixed counts, on top of the two). The compaction ranks cells through
-  32-bit masks, so its one cumulative sum runs over size / 32 entries (XLA's CPU scan over the
-  whole array costs about one random draw per cell). A cell that does not fit a buffer, or is
-  still rejected after the last, stays pending for another pass: any mix is exact, if slower.
+  q = 0 come out as 0, with no special case.
+* Fair coins (p = 1/2 exactly, count <= 64): X is the number of set bits among `count` random bits,
+  one 16-bit piece per cell (half a word) where every such count of the call is at most 16, else
+  four: a chunk of fair cells costs about the words it consumes.
+* count * q <= 10: inversion over the window k < 32, straight-line, from a uniform of two words.
+  The unnormalized weights w_k = prod_{j<k} (count - j) q / ((j + 1)(1 - q)) are summed from the
+  top, s_k = sum_{j>=k} w_j, and X = #{k >= 1: e s_0 <= s_k} for e uniform in (0, 1] (resolution
+  2^-64 near 0). Normalizing by the computed total and summing from the top keep every tail
+  probability s_k / s_0 accurate to ~32 ulp relative, where a forward CDF walk from (1 - q)^count
+  carries an absolute error of ~1e-6 and cannot reach tails below 2^-24. The mass past the window
+  is covered by a geometric envelope w_32 rho^j / (1 - rho) (rho, the weight ratio at 32, is < 0.61
+  as count * q <= 10): a cell that lands there (chance < 1e-7) takes an exact accept/reject step
+  (its place in the envelope, uniform given that it landed there, is drawn afresh) and is redrawn
+  whole on rejection, in a loop that only a call with such a cell enters. No tail is cut off.
+  Where these cells lie in at most 1/16 of the call's blocks of 256 consecutive cells (a few
+  positions of a stream's chunk, the rest fair or exact), only those blocks are gathered and
+  drawn, their uniforms and the first fair piece coming from one generator call (on XLA's CPU each
+  call is a loop whose passes cost as much as thousands of words); else every cell is drawn.
+* count * q > 10 (fair coins past 64 included): BTRS (Hormann 1993, as in `jax.random.binomial`),
+  its log-acceptance bound written in d = k - m so the float32 rounding scales with |d|, not with
+  k. The first trial runs on every cell; the 12-27% rejected are compacted into a buffer of size /
+  8 for the second trial, the cells rejected there into a quarter of that, and so on; the last
+  buffer runs 8 trials per cell side by side and keeps the first accepted. Later trials thus draw
+  words for pending cells only (~0.4 words per cell on mixed counts, on top of the two). The
+  compaction ranks cells through 32-bit masks, so its one cumulative sum runs over size / 32
+  entries (XLA's CPU scan over the whole array costs about one random draw per cell). A cell that
+  does not fit a buffer, or is still rejected after the last, stays pending for another pass: any
+  mix is exact, if slower.
 
-Where a call holds cells of both kinds, both straight-line formulas are evaluated on every cell
-(vectorized selects are cheaper than sorting cells by algorithm); a formula that no cell needs is
-skipped (a chunk of small counts draws no BTRS trial), and no loop runs over a cell that is done.
 Outside the domain (count negative, non-finite or >= 2^24; p outside [0, 1] or NaN) the result is NaN.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +48,10 @@ from jax import lax
 _INVERSION_MAX_MEAN = 10.0  # BTRS needs count * q >= 10 (Hormann 1993).
 _WINDOW = 32  # Poisson(10) puts 2.5e-8 at or past 32: the envelope path is rare.
 _MAX_COUNT = 2.0**24  # float32 holds every integer below it.
+_PIECE_BITS = 16  # fair coins read their bits in 16-bit pieces,
+_FAIR_PIECES = 4  # at most 4 (count <= 64); BTRS costs about as much as 8 more pieces.
+_BLOCK = 256  # cells per block for the sparse inversion path,
+_SPARSE_SHARE = 16  # which draws at most 1/16 of the blocks (rounded up).
 _FIRST_TIER = 8  # retry buffers: size / 8 cells first (~1.4x the cells pending on mixed counts),
 _TIER_SHRINK = 4  # then a quarter each (BTRS accepts 73-88% per trial),
 _MIN_TIER = 64  # none under 64 cells,
@@ -58,25 +70,71 @@ def binomial(key, count, p):
     p = jnp.asarray(p, jnp.float32)
     count = jnp.asarray(count)
     shape = jnp.broadcast_shapes(count.shape, p.shape)
-    # One flat axis: XLA's CPU random kernels are slow on a narrow trailing axis.
-    n = jnp.floor(jnp.broadcast_to(count, shape).astype(jnp.float32)).reshape(-1)
-    p = jnp.broadcast_to(p, shape).reshape(-1)
+    if 0 in shape:
+        return jnp.zeros(shape, jnp.float32)
+    # Cells keep their shape: an elementwise kernel over a flattened broadcast computes each
+    # element's index by division, one over the shape runs its last axis as a vector loop.
+    cells = shape if shape else (1,)
+    n = jnp.broadcast_to(count, shape).astype(jnp.float32).reshape(cells)
+    n = n if jnp.issubdtype(count.dtype, jnp.integer) else jnp.floor(n)
+    p = jnp.broadcast_to(p, shape).reshape(cells)
     valid = (n >= 0) & (n < _MAX_COUNT) & (p >= 0) & (p <= 1)
     n = jnp.where(valid, n, 0.0)
     flip = p > 0.5
     q = jnp.where(valid, jnp.where(flip, 1.0 - p, p), 0.0)
-    big = n * q > _INVERSION_MAX_MEAN
-    key_first, key_tail, key_retry = jax.random.split(key, 3)
-    words = jax.random.bits(key_first, (2,) + n.shape, jnp.uint32)
+    fair = (q == 0.5) & (n <= _PIECE_BITS * _FAIR_PIECES)
+    mean = n * q
+    small = ~fair & (mean > 0) & (mean <= _INVERSION_MAX_MEAN)
+    big = ~fair & (mean > _INVERSION_MAX_MEAN)
+    # One split for every path, and one generator call for the first fair piece and the sparse
+    # inversion's uniforms: on XLA's CPU each call is a loop whose passes cost thousands of words.
+    key_shared, key_fair, key_small, key_tail, key_big = jax.random.split(key, 5)
     # Each path gets harmless parameters on the other's cells (n = 0: X = 0 at once).
-    # A path that no cell takes is skipped: a chunk of small counts draws no BTRS trial.
-    zeros = lambda: jnp.zeros_like(n)
-    small = lambda: _inversion(key_tail, words, jnp.where(big, 0.0, n), jnp.where(big, 0.0, q))
-    x_small = lax.cond(jnp.any(~big & (n * q > 0)), small, zeros)
-    x_big = lax.cond(jnp.any(big), lambda: _btrs(key_retry, words, jnp.where(big, n, 100.0), jnp.where(big, q, 0.5), big), zeros)
-    x = jnp.where(big, x_big, x_small)
+    zeros = lambda: jnp.zeros(cells)
+    fair_n = jnp.where(fair, n, 0.0)
+    small_n, small_q = jnp.where(small, n, 0.0), jnp.where(small, q, 0.0)
+    any_fair, any_small = jnp.any(fair_n > 0), jnp.any(small)
+    plan = _blocks(small_q)
+    piece_words = int(np.prod(cells[:-1])) * -(-cells[-1] // 2)
+    sparse_words = 2 * plan.capacity * _BLOCK if plan.capacity < plan.count else 0
+    shared_words = lambda: jax.random.bits(key_shared, (piece_words + sparse_words,), jnp.uint32)
+    no_words = lambda: jnp.zeros((piece_words + sparse_words,), jnp.uint32)
+    words = lax.cond(any_fair | (any_small & plan.sparse), shared_words, no_words)
+    x = lax.cond(any_fair, lambda: _fair(key_fair, fair_n, words[:piece_words]), zeros)
+    inversion = lambda: _inversion(key_small, key_tail, small_n, small_q, plan, words[piece_words:])
+    x_small = lax.cond(any_small, inversion, zeros)
+    big_n, big_q = jnp.where(big, n, 100.0), jnp.where(big, q, 0.5)
+    flat = lambda a: a.reshape(-1)
+    btrs = lambda: _btrs(key_big, flat(big_n), flat(big_q), flat(big)).reshape(cells)
+    x_big = lax.cond(jnp.any(big), btrs, zeros)
+    x = jnp.where(big, x_big, jnp.where(small, x_small, x))
     x = jnp.where(flip, n - x, x)
     return jnp.where(valid, x, jnp.nan).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fair coins: set bits.
+
+
+def _fair(key, n, first):
+    """Binomial(n, 1/2) for n <= 64 as set bits of n random bits: one 16-bit piece per cell where
+    every n is at most 16 (the words of that piece are given), else four (the others drawn here)."""
+    one = lambda: _set_bits(n, first, 1)
+    more = lambda: _set_bits(n, jnp.concatenate([first, jax.random.bits(key, (3 * first.shape[0],), jnp.uint32)]), 4)
+    return lax.cond(jnp.max(n) <= _PIECE_BITS, one, more)
+
+
+def _set_bits(n, words, pieces):
+    """Set bits among the first n of `pieces` 16-bit pieces per cell. A word holds two pieces: along
+    the last axis, the low halves of the words serve its first half, the high halves the rest."""
+    *lead, length = n.shape
+    words = words.reshape(pieces, *lead, -(-length // 2))
+    bits = jnp.concatenate([words & np.uint32(0xFFFF), words >> np.uint32(_PIECE_BITS)], axis=-1)[..., :length]
+    x = jnp.zeros(n.shape, jnp.int32)
+    for j in range(pieces):
+        width = jnp.clip(n - _PIECE_BITS * j, 0, _PIECE_BITS).astype(jnp.uint32)
+        x = x + lax.population_count(bits[j] & ((np.uint32(1) << width) - np.uint32(1))).astype(jnp.int32)
+    return x.astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,33 +171,91 @@ def _window(e, n, q):
     return sum((t <= s_k).astype(jnp.float32) for s_k in s)
 
 
-def _inversion(key, words, n, q):
-    e = _unit_open(words[0], words[1])
-    return _envelope_tail(key, _window(e, n, q), e, n, q)
+class _Blocks(NamedTuple):
+    """The inversion cells' blocks of _BLOCK consecutive cells: how many (`count`), how many the
+    sparse path draws (`capacity`, static), which hold a cell (`active`), and whether they fit."""
+
+    count: int
+    capacity: int
+    active: jax.Array
+    sparse: jax.Array
 
 
-def _envelope_tail(key, x, e, n, q):
-    """Cells whose draw fell in the envelope: propose 32 + J, J geometric of ratio rho read off the
-    draw's place in the envelope, accept with prob w_{32+J} / (w_32 rho^J), else redraw the cell."""
-    r = q / (1.0 - q)
-    rho = _rho(n, r)
+def _blocks(q):
+    length = q.shape[-1]
+    if length % _BLOCK == 0:
+        # Along the last axis: a flattened view of a computed array costs a division per element.
+        active = jnp.any(q.reshape(*q.shape[:-1], length // _BLOCK, _BLOCK) > 0, axis=-1).reshape(-1)
+    else:
+        active = jnp.any(_padded_blocks(q.reshape(-1), q.size) > 0, axis=1)
+    count = active.shape[0]
+    capacity = -(-count // _SPARSE_SHARE)
+    return _Blocks(count, capacity, active, jnp.sum(active) <= capacity)
+
+
+def _padded_blocks(a, blocks_size):
+    blocks = -(-blocks_size // _BLOCK)
+    return jnp.pad(a, (0, blocks * _BLOCK - a.shape[0])).reshape(blocks, _BLOCK)
+
+
+def _inversion(key_words, key_tail, n, q, plan, words):
+    """Windowed inversion where n q > 0 (harmless n = q = 0 elsewhere): where the cells lie in at
+    most plan.capacity blocks, on those blocks only, from the given words (two per cell); else on
+    every cell, from words drawn here."""
+    shape = n.shape
+    n, q = n.reshape(-1), q.reshape(-1)
+    size = n.shape[0]
+    blocks, capacity, active = plan.count, plan.capacity, plan.active
+
+    def some_blocks():
+        # The active blocks come in by dynamic slices, one per slot, and go back by a gather of
+        # rows (XLA's CPU scatters loop over their rows); a slot left empty reads the spare block
+        # past the end, a block without a slot reads the zero row past the last slot.
+        spare = lambda a: jnp.pad(_padded_blocks(a, size), ((0, 1), (0, 0)))
+        take = lambda a: jnp.concatenate([lax.dynamic_slice_in_dim(a, i, 1) for i in index]).reshape(-1)
+        drawn = lambda: _window(sparse_uniforms(), take(spare(n)), take(spare(q)))
+        # A branch's result is a buffer of its own (some block is active here): fused into the
+        # gather, the window would be evaluated for every cell that the gather reads.
+        return put(lax.cond(jnp.any(active), drawn, lambda: jnp.zeros(capacity * _BLOCK)))
+
+    slot = jnp.where(active, jnp.cumsum(active) - 1, capacity)
+    index = [jnp.sum(jnp.where(slot == c, jnp.arange(blocks), 0)) + blocks * jnp.all(slot != c) for c in range(capacity)]
+    put = lambda v: jnp.pad(v.reshape(capacity, _BLOCK), ((0, 1), (0, 0)))[slot].reshape(-1)[:size]
+    sparse_uniforms = lambda: _unit_open(words[:capacity * _BLOCK], words[capacity * _BLOCK:])
+    every_cell = lambda: _window(_unit_uniform(key_words, size), n, q)
+    x = every_cell() if capacity >= blocks else lax.cond(plan.sparse, some_blocks, every_cell)
+    # The envelope's loop only where a draw landed there: even a loop that runs zero times costs
+    # a pass over its state.
+    tail = lambda: _envelope_tail(key_tail, x, n, q)
+    return lax.cond(jnp.any(x == _WINDOW), tail, lambda: x).reshape(shape)
+
+
+def _unit_uniform(key, size):
+    words = jax.random.bits(key, (2, size), jnp.uint32)
+    return _unit_open(words[0], words[1])
+
+
+def _envelope_tail(key, x, n, q):
+    """Cells whose draw fell in the envelope: propose 32 + J, J geometric of ratio rho, accept with
+    prob w_{32+J} / (w_32 rho^J), else redraw the cell. J is read off a fresh uniform: given that
+    the draw fell in the envelope, its place there is uniform and used for nothing else."""
 
     def body(c):
-        i, x, e, tail = c
-        words = jax.random.bits(jax.random.fold_in(key, i), (4,) + x.shape, jnp.uint32)
-        w, envelope = _weights(jnp.where(tail, n, 0.0), q)
-        g = e * sum(w[::-1], envelope) / jnp.where(tail, envelope, 1.0)  # uniform in (0, 1] given the envelope
-        # g can round a hair above 1.
-        j = jnp.maximum(jnp.floor(jnp.log(g) / jnp.log(jnp.where(tail, rho, 0.5))), 0.0)
+        i, x, tail = c
+        # Computed here, not before the loop: almost no call enters it.
+        r = q / (1.0 - q)
+        rho = _rho(n, r)
+        words = jax.random.bits(jax.random.fold_in(key, i), (6,) + x.shape, jnp.uint32)
+        g = _unit_open(words[4], words[5])
+        j = jnp.floor(jnp.log(g) / jnp.log(jnp.where(tail, rho, 0.5)))
         v = _unit_open(words[0], words[1])
         accept = tail & (v <= _envelope_ratio(j, n, r, rho, v, tail))
         redo = tail & ~accept
-        e_new = _unit_open(words[2], words[3])
-        x_new = _window(e_new, jnp.where(redo, n, 0.0), q)
+        x_new = _window(_unit_open(words[2], words[3]), jnp.where(redo, n, 0.0), q)
         x = jnp.where(accept, _WINDOW + j, jnp.where(redo, x_new, x))
-        return i + 1, x, jnp.where(redo, e_new, e), redo & (x_new == _WINDOW)
+        return i + 1, x, redo & (x_new == _WINDOW)
 
-    return lax.while_loop(lambda c: jnp.any(c[3]), body, (jnp.int32(0), x, e, x == _WINDOW))[1]
+    return lax.while_loop(lambda c: jnp.any(c[2]), body, (jnp.int32(0), x, x == _WINDOW))[1]
 
 
 def _envelope_ratio(j, n, r, rho, v, active):
@@ -203,8 +319,10 @@ def _btrs_trial(n, q, u, v):
     return jnp.where(inside & (quick | (lhs <= log_ratio)), k, -1.0)
 
 
-def _btrs(key, words, n, q, big):
+def _btrs(key, n, q, big):
     """BTRS on every cell once; the rejected ones through `_retries` until none is left."""
+    key, key_first = jax.random.split(key)
+    words = jax.random.bits(key_first, (2,) + n.shape, jnp.uint32)
     x = _btrs_trial(n, q, _unit(words[0]), _unit(words[1]))
     size = x.shape[0]
     tiers = _tier_sizes(size)
