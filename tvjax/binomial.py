@@ -88,7 +88,7 @@ def binomial(key, count, p):
     big = ~fair & (mean > _INVERSION_MAX_MEAN)
     # One split for every path, and one generator call for the first fair piece and the sparse
     # inversion's uniforms: on XLA's CPU each call is a loop whose passes cost thousands of words.
-    key_shared, key_fair, key_small, key_tail, key_big = jax.random.split(key, 5)
+    key_shared, key_fair, key_small, key_tail, key_big, key_retry = jax.random.split(key, 6)
     # Each path gets harmless parameters on the other's cells (n = 0: X = 0 at once).
     zeros = lambda: jnp.zeros(cells)
     fair_n = jnp.where(fair, n, 0.0)
@@ -105,7 +105,7 @@ def binomial(key, count, p):
     x_small = lax.cond(any_small, inversion, zeros)
     big_n, big_q = jnp.where(big, n, 100.0), jnp.where(big, q, 0.5)
     flat = lambda a: a.reshape(-1)
-    btrs = lambda: _btrs(key_big, flat(big_n), flat(big_q), flat(big)).reshape(cells)
+    btrs = lambda: _btrs(key_big, key_retry, flat(big_n), flat(big_q), flat(big)).reshape(cells)
     x_big = lax.cond(jnp.any(big), btrs, zeros)
     x = jnp.where(big, x_big, jnp.where(small, x_small, x))
     x = jnp.where(flip, n - x, x)
@@ -118,9 +118,10 @@ def binomial(key, count, p):
 
 def _fair(key, n, first):
     """Binomial(n, 1/2) for n <= 64 as set bits of n random bits: one 16-bit piece per cell where
-    every n is at most 16 (the words of that piece are given), else four (the others drawn here)."""
+    every n is at most 16 (the words of that piece are given), else _FAIR_PIECES (the others drawn here)."""
     one = lambda: _set_bits(n, first, 1)
-    more = lambda: _set_bits(n, jnp.concatenate([first, jax.random.bits(key, (3 * first.shape[0],), jnp.uint32)]), 4)
+    rest = lambda: jax.random.bits(key, ((_FAIR_PIECES - 1) * first.shape[0],), jnp.uint32)
+    more = lambda: _set_bits(n, jnp.concatenate([first, rest()]), _FAIR_PIECES)
     return lax.cond(jnp.max(n) <= _PIECE_BITS, one, more)
 
 
@@ -187,14 +188,14 @@ def _blocks(q):
         # Along the last axis: a flattened view of a computed array costs a division per element.
         active = jnp.any(q.reshape(*q.shape[:-1], length // _BLOCK, _BLOCK) > 0, axis=-1).reshape(-1)
     else:
-        active = jnp.any(_padded_blocks(q.reshape(-1), q.size) > 0, axis=1)
+        active = jnp.any(_padded_blocks(q.reshape(-1)) > 0, axis=1)
     count = active.shape[0]
     capacity = -(-count // _SPARSE_SHARE)
     return _Blocks(count, capacity, active, jnp.sum(active) <= capacity)
 
 
-def _padded_blocks(a, blocks_size):
-    blocks = -(-blocks_size // _BLOCK)
+def _padded_blocks(a):
+    blocks = -(-a.shape[0] // _BLOCK)
     return jnp.pad(a, (0, blocks * _BLOCK - a.shape[0])).reshape(blocks, _BLOCK)
 
 
@@ -211,7 +212,7 @@ def _inversion(key_words, key_tail, n, q, plan, words):
         # The active blocks come in by dynamic slices, one per slot, and go back by a gather of
         # rows (XLA's CPU scatters loop over their rows); a slot left empty reads the spare block
         # past the end, a block without a slot reads the zero row past the last slot.
-        spare = lambda a: jnp.pad(_padded_blocks(a, size), ((0, 1), (0, 0)))
+        spare = lambda a: jnp.pad(_padded_blocks(a), ((0, 1), (0, 0)))
         take = lambda a: jnp.concatenate([lax.dynamic_slice_in_dim(a, i, 1) for i in index]).reshape(-1)
         drawn = lambda: _window(sparse_uniforms(), take(spare(n)), take(spare(q)))
         # A branch's result is a buffer of its own (some block is active here): fused into the
@@ -319,9 +320,8 @@ def _btrs_trial(n, q, u, v):
     return jnp.where(inside & (quick | (lhs <= log_ratio)), k, -1.0)
 
 
-def _btrs(key, n, q, big):
+def _btrs(key_first, key, n, q, big):
     """BTRS on every cell once; the rejected ones through `_retries` until none is left."""
-    key, key_first = jax.random.split(key)
     words = jax.random.bits(key_first, (2,) + n.shape, jnp.uint32)
     x = _btrs_trial(n, q, _unit(words[0]), _unit(words[1]))
     size = x.shape[0]
