@@ -85,6 +85,8 @@ def count(event, duration, **_):
 jax.monitoring.register_event_duration_secs_listener(count)
 if sys.argv[3] == "edited":  # what an edit to tvjax's sources does to the key
     programs._package_sources_digest = lambda: "edited"
+if sys.argv[3] == "jax_off":  # JAX's own switch off: tvjax neither caches nor saves
+    jax.config.update("jax_enable_compilation_cache", False)
 programs.enable_compilation_cache(sys.argv[1])
 pi, mu = paper_block_pair()
 sizes = Schedule(np.array([[40, 10]] * 3, np.int32), np.array([4, 16], np.int32))
@@ -127,6 +129,8 @@ def test_saved_programs_are_off_with_the_cache_and_for_code_outside_tvjax(tmp_pa
 
     off = saved_probe("off")
     assert off["loads"] == 0 and not list(tmp_path.rglob("executables/*"))
+    jax_off = saved_probe(tmp_path, variant="jax_off")
+    assert jax_off["loads"] == 0 and jax_off["values"] == off["values"] and not list(tmp_path.iterdir())
 
     def local_estimator(key, pi, mu, oracle, sizes, copies=None):
         return key

@@ -66,8 +66,9 @@ def default_cache_dir():
 def enable_compilation_cache(path=None):
     """Turn on JAX's persistent compilation cache for this process and return its folder (None
     when opted out). `path` or $TVJAX_COMPILATION_CACHE choose the folder (default
-    `default_cache_dir()`); TVJAX_COMPILATION_CACHE=off opts out; a cache folder already set in
-    JAX's own config (JAX_COMPILATION_CACHE_DIR) is kept.
+    `default_cache_dir()`); TVJAX_COMPILATION_CACHE=off opts out, and so does JAX's own switch
+    (jax_enable_compilation_cache false); a cache folder already set in JAX's own config
+    (JAX_COMPILATION_CACHE_DIR) is kept.
 
     The CLI, the study apps and the benchmarks call this before their first compile (JAX fixes
     the folder at its first compile). Invalidation is by content: an entry's key hashes the
@@ -77,7 +78,7 @@ def enable_compilation_cache(path=None):
     accumulating dead entries. Every program is cached, however short its compile: the studies
     are many sub-second compiles."""
     setting = str(path) if path is not None else os.environ.get(CACHE_ENV, "")
-    if setting.strip().lower() in CACHE_OFF:
+    if setting.strip().lower() in CACHE_OFF or not jax.config.jax_enable_compilation_cache:
         return None
     if jax.config.jax_compilation_cache_dir and path is None:
         return Path(jax.config.jax_compilation_cache_dir)
@@ -167,12 +168,16 @@ def _prune(folder):
             path.unlink(missing_ok=True)
 
 
+def _cache_on():
+    """JAX's persistent compilation cache is on: a folder is set and JAX's switch is not off."""
+    return bool(jax.config.jax_compilation_cache_dir) and jax.config.jax_enable_compilation_cache
+
+
 def _load_or_compile(jitted, key, args):
     from jax.experimental import serialize_executable
 
-    cache = jax.config.jax_compilation_cache_dir
-    path = Path(cache) / EXECUTABLES / f"{key}.bin" if cache else None
-    if path is not None and path.exists():
+    path = Path(jax.config.jax_compilation_cache_dir) / EXECUTABLES / f"{key}.bin"
+    if path.exists():
         start = time.perf_counter()
         try:
             payload = pickle.loads(path.read_bytes())
@@ -186,7 +191,7 @@ def _load_or_compile(jitted, key, args):
     compiled = jitted.lower(*args).compile()
     # An executable that JAX loaded from its own cache does not serialize whole on CPU (its
     # fusions' code is missing when reloaded): only a fresh compile is saved.
-    if path is not None and _jax_cache_hits[0] == hits_before:
+    if _jax_cache_hits[0] == hits_before:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_bytes(pickle.dumps(serialize_executable.serialize(compiled)))
@@ -208,7 +213,7 @@ def saved_program(jitted, identity, sources=()):
     jax.disable_jit, call `jitted` directly."""
 
     def call(*args):
-        if not jax.config.jax_compilation_cache_dir or jax.config.jax_disable_jit or not all_concrete(args):
+        if not _cache_on() or jax.config.jax_disable_jit or not all_concrete(args):
             return jitted(*args)
         key = _executable_key(identity, sources, args)
         compiled = _executables.get(key)
