@@ -38,7 +38,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tvjax.jsonable import to_jsonable
-from tvjax.programs import LOAD_EVENT, enable_compilation_cache
+from tvjax.programs import LOAD_EVENT, enable_compilation_cache, release_programs
 from tvjax.studies import random_floor_seconds
 
 # Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
@@ -292,6 +292,7 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
         return json.loads((out_dir / "results.json").read_text())
     (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(view))
     cache = enable_compilation_cache(cfg.get("compilation_cache"))
+    release_programs()  # a multirun's jobs share a process: keep its compiled programs bounded
     plots = cfg.get("plots", True)
     if plots:
         preload_matplotlib()

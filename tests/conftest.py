@@ -4,15 +4,15 @@ JAX's persistent compilation cache (which the CLI, the apps and the benchmarks t
 folder of this test session, not the user's ~/.cache, and is inherited by the processes the tests
 start; the folder is removed when the session ends.
 
-After each test module, JAX's caches are cleared: every XLA:CPU executable keeps its machine code
-in memory mappings of its own, and one pytest process that kept every test's programs passed
-Linux's default limit of 65530 mappings per process (vm.max_map_count), at which point the next
-compile died of a segmentation fault. This file is also loaded by the engines' environments,
-which have no JAX: it imports JAX only where a test module already has.
+After each test module, its compiled programs are dropped (`tvjax.programs.release_programs`):
+every XLA:CPU executable keeps its machine code in memory mappings of its own, and one pytest
+process that kept every test's programs passed Linux's default limit of 65530 mappings per
+process (vm.max_map_count), at which point the next compile died of a segmentation fault. This
+file is also loaded by the engines' environments, which have no JAX: it imports tvjax only where
+a test module has imported JAX.
 """
 
 import atexit
-import gc
 import os
 import shutil
 import sys
@@ -30,7 +30,7 @@ if "TVJAX_COMPILATION_CACHE" not in os.environ:
 def _release_compiled_programs():
     """Drop the module's compiled programs once its tests (and its fixtures) are done."""
     yield
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        jax.clear_caches()
-        gc.collect()
+    if "jax" in sys.modules:
+        from tvjax.programs import release_programs
+
+        release_programs(share=0)

@@ -173,3 +173,26 @@ def test_random_words_counts_samples_and_drawn_sums():
     assert random_words(pi, Noisy(0.1), Schedule((10, 5), (1, 8))) == 2 * 10 * (1 + 26) + 2 * 5 * (1 + 52)
     tab, _ = random_tabular_pair(n=6)  # no compact sampler: a word per position, every position drawn
     assert random_words(tab, Noisy(0.1), Samples(7)) == 7 * (6 + 2 * 6)
+
+
+def test_released_programs_give_back_their_memory_mappings(monkeypatch):
+    """Each XLA:CPU executable holds memory mappings until JAX's caches drop it; past the share of
+    the kernel's limit `release_programs` drops them all, below it (or without /proc) none."""
+    from tvjax import programs
+
+    held, limit = programs.memory_maps()
+    assert 0 < held < limit
+    jitted = [jax.jit(lambda x, k=k: x * k + k) for k in range(20)]
+    for f in jitted:
+        f(1.0)
+    grown = programs.memory_maps()[0]
+    assert grown >= held + 20
+    assert not programs.release_programs(share=1.0)  # far below the limit: kept
+    assert all(f._cache_size() == 1 for f in jitted)
+    monkeypatch.setattr(programs, "memory_maps", lambda: None)  # nothing measured: nothing dropped
+    assert not programs.release_programs()
+    monkeypatch.setattr(programs, "memory_maps", lambda: (grown, 2 * grown - 2))
+    assert programs.release_programs()  # past half the limit
+    assert all(f._cache_size() == 0 for f in jitted)
+    monkeypatch.undo()
+    assert programs.memory_maps()[0] <= grown - 20

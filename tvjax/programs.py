@@ -9,6 +9,7 @@ then decides the options (pass COMPILER_OPTIONS to your own jax.jit around estim
 """
 
 import functools
+import gc
 import hashlib
 import os
 import pickle
@@ -222,3 +223,36 @@ def saved_program(jitted, identity, sources=()):
         return compiled(*args)
 
     return call
+
+
+# --------------------------------------------------------------------------- a long process's programs
+
+# Every XLA:CPU executable keeps its machine code in memory mappings of its own, which live as long
+# as JAX's caches keep the program. A process that compiles program after program (a Hydra
+# multirun over shapes, a test session) reaches Linux's limit on mappings (vm.max_map_count,
+# 65530 by default), and its next compile dies of a segmentation fault.
+MAP_LIMIT_SHARE = 0.5  # clear the caches past half the limit
+
+
+def memory_maps():
+    """(memory mappings this process holds, the kernel's limit), or None where /proc does not say."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            held = sum(1 for _ in maps)
+        return held, int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def release_programs(share=MAP_LIMIT_SHARE):
+    """Drop the compiled programs this process keeps (JAX's caches, the saved executables loaded
+    here) where it holds more than `share` of the kernel's memory-mapping limit (share=0: always).
+    Programs are compiled again, or loaded from the persistent cache, when next called. Returns
+    whether it dropped them."""
+    maps = memory_maps()
+    if share > 0 and (maps is None or maps[0] <= share * maps[1]):
+        return False
+    jax.clear_caches()
+    _executables.clear()
+    gc.collect()
+    return True
