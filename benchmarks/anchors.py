@@ -18,7 +18,9 @@ Wall seconds, CPU seconds (user + system, the process and its threads) and peak 
 study and then times its random-number floor in the same process (`measure_floor=true`, the
 median of 3 draws): the "same process" line is that process's runs over its floor. The runners
 are found at $TVJAX_ANCHORS or ../shared/anchors beside the project; where they are not, the table
-has tvjax's side only and says so. Writes JSON (benchmarks/anchors.json unless --out).
+has tvjax's side only and says so. A full run ends with issue 13's targets, each met or not
+(`target_checks`: speedups against the runner, peak RSS, runs over the floor). Writes JSON
+(benchmarks/anchors.json unless --out), the targets included.
 """
 
 import argparse
@@ -160,6 +162,48 @@ def format_rows(name, entry):
     return rows
 
 
+class Target(NamedTuple):
+    """One of issue 13's targets against one run: what was measured, the bound, and whether it holds."""
+
+    name: str
+    measured: float
+    bound: float
+    at_least: bool  # the measured value must reach the bound (else stay at or under it)
+    met: bool
+
+
+# The targets, at the paper's protocol (not --quick): speedups against the paper's runner (whole
+# process, wall) on a cold and a warm compilation cache, peak RSS, and the runs over their floor
+# in the same process.
+SPEEDUP_TARGETS = {"fig5": (5.0, 5.0), "fig6": (60.0, 100.0), "b11": (60.0, 100.0)}
+PEAK_TARGET_MIB = 400e6 / MIB  # 400 MB
+FLOOR_TARGET = 2.0
+
+
+def _target(name, measured, bound, at_least):
+    return Target(name, measured, bound, at_least, measured >= bound if at_least else measured <= bound)
+
+
+def target_checks(studies):
+    """The targets for each study of a full run's results["studies"] (speedups only where the
+    paper's runner ran)."""
+    checks = []
+    for name, entry in studies.items():
+        for cache, bound in zip(("cold", "warm"), SPEEDUP_TARGETS[name]):
+            speedup = entry.get(f"speedup_{cache}")
+            if speedup:
+                checks.append(_target(f"{name} speedup, {cache} cache (x)", speedup["wall"], bound, True))
+        peak = max(entry[f"tvjax_{cache}"]["peak_mib"] for cache in ("cold", "warm"))
+        checks.append(_target(f"{name} peak RSS (MiB)", peak, PEAK_TARGET_MIB, False))
+        checks.append(_target(f"{name} runs / floor, same process (x)", entry["runs_over_floor"], FLOOR_TARGET, False))
+    return checks
+
+
+def format_targets(checks):
+    return [f"target {c.name:<40} {c.measured:9.2f} {'>=' if c.at_least else '<='} {c.bound:7.2f}  "
+            f"{'met' if c.met else 'NOT MET'}" for c in checks]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the runners' smaller sizes (B.11 has none: left out)")
@@ -189,6 +233,12 @@ def main(argv=None):
             entry = run_study(name, STUDIES[name], anchors, args, tmp, reused)
             results["studies"][name] = entry
             print("\n".join(format_rows(name, entry)), flush=True)
+    if args.quick:
+        print("targets: set for the paper's sizes, not checked with --quick")
+    else:
+        checks = target_checks(results["studies"])
+        results["targets"] = [c._asdict() for c in checks]
+        print("\n".join(format_targets(checks)))
     Path(args.out).write_text(json.dumps(results, indent=1))
     print("speedup: the paper's runner / tvjax, whole-process wall seconds (cpu spd: CPU seconds); tvjax is the median of "
           f"{args.runs} processes per cache state. Seconds of the tvjax process: imports (interpreter start to the app's "

@@ -66,3 +66,30 @@ def test_quick_anchor_benchmark_reports_both_sides(tmp_path):
         assert entry["runs_over_floor"] == pytest.approx(entry["floor_process_runs"] / entry["random_floor_seconds"])
         if report["anchors"]:
             assert entry["paper"]["wall"] > 0 and entry["speedup_cold"]["wall"] > 0
+    assert "targets" not in report  # set for the paper's sizes only
+
+
+def test_anchor_targets_are_checked_against_their_bounds():
+    """The targets a full anchors.py run prints: speedups at least their bound (only where the
+    paper's runner ran), peak RSS and runs over the floor at most theirs."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import anchors
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def entry(cold, warm, peak, ratio, paper=True):
+        sides = {f"tvjax_{cache}": {"peak_mib": peak - (cache == "warm")} for cache in ("cold", "warm")}
+        speedups = {f"speedup_{cache}": {"wall": value} for cache, value in (("cold", cold), ("warm", warm))} if paper else {}
+        return {**sides, **speedups, "runs_over_floor": ratio}
+
+    studies = {"fig5": entry(4.2, 6.3, 284, 1.6), "fig6": entry(82, 154, 420, 1.7), "b11": entry(99, 255, 358, 2.2, paper=False)}
+    checks = {c.name: c for c in anchors.target_checks(studies)}
+    assert not checks["fig5 speedup, cold cache (x)"].met and checks["fig5 speedup, warm cache (x)"].met
+    assert checks["fig6 speedup, cold cache (x)"].met and checks["fig6 speedup, warm cache (x)"].met
+    assert checks["fig5 peak RSS (MiB)"].met and not checks["fig6 peak RSS (MiB)"].met  # 420 MiB > 400 MB
+    assert checks["fig6 peak RSS (MiB)"].measured == 420  # the larger of the two caches' peaks
+    assert checks["fig5 runs / floor, same process (x)"].met and not checks["b11 runs / floor, same process (x)"].met
+    assert not any(name.startswith("b11 speedup") for name in checks)  # no runner, no speedup
+    lines = anchors.format_targets(checks.values())
+    assert sum("NOT MET" in line for line in lines) == 3
