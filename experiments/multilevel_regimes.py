@@ -26,7 +26,7 @@ from tvjax.currency import mixture_z
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Noisy
-from tvjax.programs import BRIEF_RUN_OPTIONS, saved_program
+from tvjax.programs import BRIEF_RUN_OPTIONS, compiler_options, saved_program
 from tvjax.schedules import Samples, Schedule, pad_schedule
 from tvjax.studies import errors, job_key, random_words, replicate
 
@@ -45,7 +45,7 @@ def nested_z(key, pi, mu, oracle, repeats, num):
 def _nested_z_program(repeats, num):
     # Its code is this file's and tvjax's: saved whole in the compilation cache, keyed on both.
     # It runs once per sigma on ratio_trajectories per side: compiled for a brief run.
-    jitted = jax.jit(functools.partial(_nested_z, repeats=repeats, num=num), compiler_options=BRIEF_RUN_OPTIONS)
+    jitted = jax.jit(functools.partial(_nested_z, repeats=repeats, num=num), compiler_options=compiler_options(BRIEF_RUN_OPTIONS))
     return saved_program(jitted, ("nested_z", repeats, num), sources=(__file__,))
 
 

@@ -338,11 +338,11 @@ def test_oracle_parameters_are_traceable():
 
 def test_sizes_are_runtime_values_so_a_sweep_compiles_once():
     pi, mu, _ = family("block")
-    before = _multilevel_program.top._cache_size(), _one_sided_program.top._cache_size()
+    before = _multilevel_program.top()._cache_size(), _one_sided_program.top()._cache_size()
     for scale in (1, 2, 3):
         E.multilevel(KEY, pi, mu, Noisy(0.3), Schedule((64 * scale, 16 * scale), (2, 8)), chunk=64)
         E.likelihood_ratio(KEY, pi, mu, Exact(), Samples(100 * scale), chunk=64)
-    after = _multilevel_program.top._cache_size(), _one_sided_program.top._cache_size()
+    after = _multilevel_program.top()._cache_size(), _one_sided_program.top()._cache_size()
     assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
 
 

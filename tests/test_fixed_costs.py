@@ -196,3 +196,18 @@ def test_released_programs_give_back_their_memory_mappings(monkeypatch):
     assert all(f._cache_size() == 0 for f in jitted)
     monkeypatch.undo()
     assert programs.memory_maps()[0] <= grown - 20
+
+
+def test_compiler_options_keep_only_what_the_backend_accepts():
+    """An option the backend does not know (the CPU's on a GPU, one a newer XLA retired) is left
+    out instead of failing every compile; the ones it knows are kept."""
+    from tvjax.programs import COMPILER_OPTIONS, compiler_options
+
+    wanted = {**COMPILER_OPTIONS, "xla_tvjax_no_such_option": True}
+    with pytest.raises(Exception, match="No such compile option"):
+        jax.jit(lambda x: x + 1, compiler_options=wanted).lower(1.0).compile()
+    kept = compiler_options(wanted)
+    assert kept == compiler_options() and "xla_tvjax_no_such_option" not in kept
+    assert float(jax.jit(lambda x: x + 1, compiler_options=kept)(1.0)) == 2.0
+    if jax.default_backend() == "cpu" and jax.__version__.startswith("0.10."):
+        assert kept == COMPILER_OPTIONS  # this CPU's XLA knows them all

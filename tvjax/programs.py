@@ -2,10 +2,12 @@
 
 With its classic loop emitters XLA's CPU backend compiles the estimator programs 20-30% faster
 than with its newer fusion emitters, with a third less peak memory, and runs them within about
-20% (benchmarks/README.md); other backends ignore the option. JAX accepts compiler options on the
-outermost jit only (a nested jit that names them is an error), so an estimator core is jitted
+20% (benchmarks/README.md). A backend refuses an option it does not know (the GPU backend refuses
+the CPU's, and newer XLA releases retire options), so the options are those of COMPILER_OPTIONS
+that this process's default backend accepts (`compiler_options`). JAX accepts compiler options on
+the outermost jit only (a nested jit that names them is an error), so an estimator core is jitted
 twice: with the options when called from Python, plainly when traced inside a caller's jit, which
-then decides the options (pass COMPILER_OPTIONS to your own jax.jit around estimator calls).
+then decides the options (pass `compiler_options()` to your own jax.jit around estimator calls).
 """
 
 import functools
@@ -28,16 +30,39 @@ COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 BRIEF_RUN_OPTIONS = {**COMPILER_OPTIONS, "xla_backend_optimization_level": 1}
 
 
+_REFUSED_OPTION = "No such compile option"  # XLA's error for an option name its backend does not know
+
+
+@functools.cache
+def _accepted(name, value):
+    """Whether the default backend compiles with option `name` = `value`: one trivial compile per
+    process and option."""
+    try:
+        jax.jit(lambda x: x, compiler_options={name: value}).lower(0.0).compile()
+    except Exception as error:  # jaxlib's runtime error, whose type moves between releases
+        if _REFUSED_OPTION in str(error):
+            return False
+        raise
+    return True
+
+
+def compiler_options(options=COMPILER_OPTIONS):
+    """The entries of `options` that this process's default backend accepts (a backend refuses
+    an option it does not know: the GPU backend the CPU's, a newer XLA a retired one)."""
+    return {name: value for name, value in options.items() if _accepted(name, value)}
+
+
 def program(static_argnames=()):
-    """Decorator: jit `fn` with COMPILER_OPTIONS at the top level, plainly inside a trace."""
+    """Decorator: jit `fn` with `compiler_options()` at the top level (that jit is `fn.top()`,
+    made at the first call, once the backend is known), plainly inside a trace."""
 
     def wrap(fn):
-        top = jax.jit(fn, static_argnames=static_argnames, compiler_options=COMPILER_OPTIONS)
+        top = functools.cache(lambda: jax.jit(fn, static_argnames=static_argnames, compiler_options=compiler_options()))
         nested = jax.jit(fn, static_argnames=static_argnames)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            return (top if all_concrete((args, kwargs)) else nested)(*args, **kwargs)
+            return (top() if all_concrete((args, kwargs)) else nested)(*args, **kwargs)
 
         call.top = top
         return call
@@ -46,10 +71,15 @@ def program(static_argnames=()):
 
 
 def jit_program(fn, fast_compile=False):
-    """jax.jit(fn) with COMPILER_OPTIONS, for callers that jit their own loops over estimators.
-    fast_compile lowers XLA's backend optimization (about 2x faster compiles, slower runs)."""
-    options = {**COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
-    return jax.jit(fn, compiler_options=options)
+    """jax.jit(fn) with `compiler_options()`, for callers that jit their own loops over
+    estimators. fast_compile lowers XLA's backend optimization (about 2x faster compiles, slower
+    runs)."""
+    return jax.jit(fn, compiler_options=compiler_options(fast_options(fast_compile)))
+
+
+def fast_options(fast_compile):
+    """COMPILER_OPTIONS, at XLA's backend optimization level 0 where fast_compile."""
+    return {**COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
 
 
 # --------------------------------------------------------------------------- persistent compilation cache

@@ -25,7 +25,7 @@ from flax import nnx
 from tvjax.distinguish.bounds import tv_lower_bound
 from tvjax.distinguish.classifiers import CLASSIFIERS
 from tvjax.distinguish.samples import TokenSamples, check_sample_pair, sample_pair, text_pair
-from tvjax.programs import COMPILER_OPTIONS
+from tvjax.programs import compiler_options, fast_options
 from tvjax.validate import check_positive_int, check_range
 
 DEFAULT_LEARNING_RATES = {"ngram": 0.02, "transformer": 3e-3}
@@ -250,10 +250,9 @@ def _program(key, pi_tokens, pi_lengths, mu_tokens, mu_lengths, *, classifier, v
 
 @functools.cache
 def _compiled(fn, static_argnames, fast_compile):
-    """`fn` jitted with the project's XLA options (`tvjax.programs.COMPILER_OPTIONS`); fast_compile
+    """`fn` jitted with the project's XLA options (`tvjax.programs.compiler_options`); fast_compile
     lowers XLA's backend optimization (several times faster compiles, slower runs: small jobs)."""
-    options = {**COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
-    return jax.jit(fn, static_argnames=static_argnames, compiler_options=options)
+    return jax.jit(fn, static_argnames=static_argnames, compiler_options=compiler_options(fast_options(fast_compile)))
 
 
 def _result(pi_hits, mu_hits, diagnostics, sizes, delta, classifier):
