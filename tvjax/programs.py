@@ -70,16 +70,12 @@ def program(static_argnames=()):
     return wrap
 
 
-def jit_program(fn, fast_compile=False):
+def jit_program(fn, fast_compile=False, static_argnames=()):
     """jax.jit(fn) with `compiler_options()`, for callers that jit their own loops over
     estimators. fast_compile lowers XLA's backend optimization (about 2x faster compiles, slower
     runs)."""
-    return jax.jit(fn, compiler_options=compiler_options(fast_options(fast_compile)))
-
-
-def fast_options(fast_compile):
-    """COMPILER_OPTIONS, at XLA's backend optimization level 0 where fast_compile."""
-    return {**COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
+    options = {**COMPILER_OPTIONS, **({"xla_backend_optimization_level": 0} if fast_compile else {})}
+    return jax.jit(fn, static_argnames=static_argnames, compiler_options=compiler_options(options))
 
 
 # --------------------------------------------------------------------------- persistent compilation cache

@@ -25,7 +25,7 @@ from flax import nnx
 from tvjax.distinguish.bounds import tv_lower_bound
 from tvjax.distinguish.classifiers import CLASSIFIERS
 from tvjax.distinguish.samples import TokenSamples, check_sample_pair, sample_pair, text_pair
-from tvjax.programs import compiler_options, fast_options
+from tvjax.programs import jit_program
 from tvjax.validate import check_positive_int, check_range
 
 DEFAULT_LEARNING_RATES = {"ngram": 0.02, "transformer": 3e-3}
@@ -250,9 +250,9 @@ def _program(key, pi_tokens, pi_lengths, mu_tokens, mu_lengths, *, classifier, v
 
 @functools.cache
 def _compiled(fn, static_argnames, fast_compile):
-    """`fn` jitted with the project's XLA options (`tvjax.programs.compiler_options`); fast_compile
+    """`fn` jitted with the project's XLA options (`tvjax.programs.jit_program`); fast_compile
     lowers XLA's backend optimization (several times faster compiles, slower runs: small jobs)."""
-    return jax.jit(fn, static_argnames=static_argnames, compiler_options=compiler_options(fast_options(fast_compile)))
+    return jit_program(fn, fast_compile, static_argnames)
 
 
 def _result(pi_hits, mu_hits, diagnostics, sizes, delta, classifier):
