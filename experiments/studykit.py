@@ -11,6 +11,7 @@ job's output folder. The numerical helpers (repetitions, errors, fits) are `tvja
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import ctypes
 import functools
@@ -39,7 +40,7 @@ from omegaconf import OmegaConf
 
 from tvjax.jsonable import to_jsonable
 from tvjax.programs import LOAD_EVENT, enable_compilation_cache, release_programs
-from tvjax.studies import random_floor_seconds
+from tvjax.studies import runs_over_floor
 
 # Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
 # task there, which imports this module by name: export this folder to them.
@@ -277,6 +278,12 @@ def save_figures(out_dir, figures):
     return paths
 
 
+def _quietly(study, view):
+    """study(view) with its prints and progress bars dropped: the floor's repeats of a study."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        study(view)
+
+
 def run_study(cfg, study: Callable, reads, out_dir=None):
     """Run study(view) once into out_dir (the Hydra job folder by default), where view holds the
     config keys `reads`; skip it when a done-marker with the same digest of that view is there.
@@ -320,7 +327,9 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
         "figures": figures,
     }
     if cfg.get("measure_floor", False) and result.random_words:
-        record["random_floor_seconds"] = random_floor_seconds(result.random_words)
+        pairs = runs_over_floor(functools.partial(_quietly, study, view), result.random_words)
+        record.update(random_floor_seconds=float(np.median(pairs.floors)), runs_over_floor=pairs.ratio,
+                      floor_pairs=pairs._asdict())
     started = time.perf_counter()
     write_csv(out_dir / "results.csv", result.rows)
     for name, text in (result.files or {}).items():

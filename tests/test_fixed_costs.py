@@ -6,16 +6,18 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tvjax.instances import paper_block_pair, random_tabular_pair
 from tvjax.oracles import Exact, Noisy, Sampler
 from tvjax.schedules import Level, Samples, Schedule
-from tvjax.studies import job_key, random_words
+from tvjax.studies import job_key, random_words, runs_over_floor
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
@@ -173,6 +175,34 @@ def test_random_words_counts_samples_and_drawn_sums():
     assert random_words(pi, Noisy(0.1), Schedule((10, 5), (1, 8))) == 2 * 10 * (1 + 26) + 2 * 5 * (1 + 52)
     tab, _ = random_tabular_pair(n=6)  # no compact sampler: a word per position, every position drawn
     assert random_words(tab, Noisy(0.1), Samples(7)) == 7 * (6 + 2 * 6)
+
+
+def test_runs_over_floor_times_each_run_between_two_floor_draws(monkeypatch):
+    """floor, run, floor, run, ..., floor: each run is divided by the mean of the two draws beside
+    it, and the median of those ratios is reported (times from a scripted clock, not this machine)."""
+    from tvjax import studies
+
+    draws = iter([1.0, 3.0, 2.0, 6.0])  # the floor draws' seconds, in order
+    monkeypatch.setattr(studies, "_floor_draw", lambda words, chunk, seed: next(draws))
+    clock = iter([0.0, 4.0, 10.0, 15.0, 20.0, 32.0])  # the runs take 4, 5 and 12 seconds
+    monkeypatch.setattr(studies, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    calls = []
+    pairs = runs_over_floor(lambda: calls.append(1), words=10, pairs=3)
+    assert len(calls) == 3
+    assert pairs.runs == (4.0, 5.0, 12.0) and pairs.floors == (2.0, 2.5, 4.0)
+    assert pairs.ratio == 2.0  # the median of 2.0, 2.0 and 3.0
+
+
+def test_random_floor_draws_every_word_once_compiled():
+    """The floor's program draws ceil(words / chunk) chunks, compiled before any timed draw: the
+    xor of the chunks' largest words, over as many chunks as asked."""
+    from tvjax import studies
+
+    draw = studies._word_drawer(64)
+    one, two = (int(draw(jax.random.key(5), steps)) for steps in (1, 2))
+    chunk = lambda i: int(jnp.max(jax.random.bits(jax.random.fold_in(jax.random.key(5), i), (64,), jnp.uint32)))
+    assert one == chunk(0) and two == chunk(0) ^ chunk(1)
+    assert studies.random_floor_seconds(1000, chunk=64, repeats=3) > 0
 
 
 def test_released_programs_give_back_their_memory_mappings(monkeypatch):

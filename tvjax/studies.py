@@ -212,21 +212,55 @@ def random_words(pi, oracle, sizes, copies=1):
     return int(np.sum(sides * per_side * copies * (getattr(pi, "random_words_per_sample", pi.n) + drawn)))
 
 
-def random_floor_seconds(words, chunk=2**16, repeats=3):
-    """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
-    as the estimators draw them, compile excluded: the floor under a study's runs. The median of
-    `repeats` timed draws (one draw's time moves by a quarter from one to the next here)."""
-    steps = max(1, -(-int(words) // chunk))
+@functools.cache
+def _word_drawer(chunk):
+    """A compiled program drawing `steps` chunks of `chunk` random words (kept alive by a running
+    xor of each chunk's largest, which XLA cannot drop)."""
 
     @jax.jit
     def draw(key, steps):
         body = lambda i, acc: acc ^ jnp.max(jax.random.bits(jax.random.fold_in(key, i), (chunk,), jnp.uint32))
         return jax.lax.fori_loop(0, steps, body, jnp.uint32(0))
 
-    jax.block_until_ready(draw(jax.random.key(0), 1))
-    seconds = []
-    for attempt in range(repeats):
+    jax.block_until_ready(draw(jax.random.key(0), 1))  # compiled here, not in a timed draw
+    return draw
+
+
+def _floor_draw(words, chunk, seed):
+    draw = _word_drawer(chunk)
+    start = time.perf_counter()
+    jax.block_until_ready(draw(jax.random.key(seed), max(1, -(-int(words) // chunk))))
+    return time.perf_counter() - start
+
+
+def random_floor_seconds(words, chunk=2**16, repeats=3):
+    """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
+    as the estimators draw them, compile excluded: the floor under a study's runs. The median of
+    `repeats` timed draws (one draw's time moves by a quarter from one to the next here)."""
+    return float(np.median([_floor_draw(words, chunk, attempt + 1) for attempt in range(repeats)]))
+
+
+class FloorPairs(NamedTuple):
+    """Runs timed between floor draws in one process (`runs_over_floor`)."""
+
+    runs: tuple  # seconds of each repeat of the runs
+    floors: tuple  # the floor beside each: the mean of the draws just before and just after it
+    ratio: float  # the median over the repeats of runs / floor
+
+
+def runs_over_floor(run, words, pairs=3, chunk=2**16):
+    """How far `run()` (a study's runs, its programs compiled already) is above the floor of
+    `words` random words, both timed alternately in this process: floor, run, floor, run, ...,
+    floor; each run over the mean of the two draws beside it, the median over `pairs` runs. This
+    VM's speed moves by up to 2x over seconds, so a floor drawn once, after the runs, can read
+    another speed than the runs had; drawn on either side of each run it reads the same."""
+    floors = [_floor_draw(words, chunk, 0)]
+    runs = []
+    for attempt in range(pairs):
         start = time.perf_counter()
-        jax.block_until_ready(draw(jax.random.key(attempt + 1), steps))
-        seconds.append(time.perf_counter() - start)
-    return float(np.median(seconds))
+        run()
+        runs.append(time.perf_counter() - start)
+        floors.append(_floor_draw(words, chunk, attempt + 1))
+    beside = [(before + after) / 2 for before, after in zip(floors, floors[1:])]
+    ratio = float(np.median([r / f for r, f in zip(runs, beside)]))
+    return FloorPairs(tuple(runs), tuple(beside), ratio)
