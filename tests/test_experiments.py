@@ -301,3 +301,58 @@ def test_blackbox_language_model_rows_resume_from_their_store(tmp_path, monkeypa
     expected = {("ngram", 4, 3), ("ngram", 8, 3), ("transformer", 8, 1)}
     assert {(r["classifier"], int(r["size"]), int(r["seeds"])) for r in rows} == expected
     assert record["results"]["lm"]["seconds"]["tiny t1 vs t1.5"]["continuations_drawn"] == 0  # the store was full
+
+
+FIGURE_PROCESS_PROBE = """
+import json, os, sys, warnings
+from functools import partial
+sys.path.insert(0, sys.argv[1])
+import studykit
+
+def line(values):
+    fig, ax = studykit.subplots(figsize=(3, 2))
+    ax.plot(values)
+    return fig
+
+def broken():
+    raise ValueError("no such column")
+
+out = sys.argv[2]
+studykit.start_figures()
+process = studykit._figure_process[0]
+report = {"pid_is_child": process.pid != os.getpid()}
+report["drawn"] = studykit.draw_figures(out, {"a": partial(line, [1.0, 3.0, 2.0])})
+report["pid_drew_a"] = process.pid  # still the same process after a job
+report["closure"] = studykit.draw_figures(out, {"b": lambda: line([2.0, 1.0])})  # cannot be sent: drawn here
+try:
+    studykit.draw_figures(out, {"c": broken})
+except RuntimeError as error:
+    report["error"] = str(error)
+studykit.stop_figures()
+report["reaped"] = not studykit._figure_process
+try:
+    os.waitpid(process.pid, os.WNOHANG)
+    report["left"] = True
+except ChildProcessError:
+    report["left"] = False
+import jax
+jax.devices()  # JAX's backends made: no more forks, a thread imports matplotlib instead
+studykit.start_figures()
+report["after_jax"] = len(studykit._figure_process)
+print(json.dumps(report))
+"""
+
+
+def test_figures_are_drawn_in_a_forked_process_until_jax_starts(tmp_path):
+    """studykit.start_figures forks a process that imports matplotlib while the study runs (only
+    while JAX has no backend yet: it then draws the figures sent to it, a figure that cannot be
+    pickled is drawn here, a figure that fails raises here with its traceback, and stop_figures
+    reaps the process); once JAX has started, no process is forked."""
+    out = subprocess.run([sys.executable, "-c", FIGURE_PROCESS_PROBE, str(ROOT / "experiments"), str(tmp_path)],
+                         capture_output=True, text=True, check=True, timeout=300)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["pid_is_child"] and report["drawn"] == ["a.png"] and report["closure"] == ["b.png"]
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
+    assert "ValueError: no such column" in report["error"] and not (tmp_path / "c.png").exists()
+    assert report["reaped"] and not report["left"]
+    assert report["after_jax"] == 0
