@@ -101,10 +101,7 @@ def run_tvjax(study, quick, tmp, cache, label, extra=()):
     timing = measure(tvjax_command(study, quick, out_dir, extra), env=env, cwd=ROOT)
     record = json.loads((out_dir / "results.json").read_text())
     floor = {key: record[key] for key in ("random_floor_seconds", "runs_over_floor", "floor_pairs") if key in record}
-    # Figures are drawn by a forked process (studykit.start_figures), which wait4 folds into this
-    # process's peak as a maximum, not a sum: its own memory is added where peaks are checked.
-    return {**timing, "seconds": record["seconds"], "random_words": record["random_words"],
-            "figure_process_mib": record.get("figure_process_mib"), **floor}
+    return {**timing, "seconds": record["seconds"], "random_words": record["random_words"], **floor}
 
 
 def median_run(runs):
@@ -153,7 +150,7 @@ def format_rows(name, entry):
         rows.append(f"{name:<6} {label:<12} {paper['wall']:8.2f} {paper['cpu']:8.2f} {paper['peak_mib']:9.0f} |")
     for cache in ("cold", "warm"):
         side = entry[f"tvjax_{cache}"]
-        cells = f"{name:<6} {'tvjax ' + cache:<12} {side['wall']:8.2f} {side['cpu']:8.2f} {peak_label(side):>9} |"
+        cells = f"{name:<6} {'tvjax ' + cache:<12} {side['wall']:8.2f} {side['cpu']:8.2f} {side['peak_mib']:9.0f} |"
         speedup = entry.get(f"speedup_{cache}")
         cells += f" {speedup['wall']:7.1f}x {speedup['cpu']:7.1f}x |" if speedup else f" {'-':>8} {'-':>8} |"
         s = side["seconds"]
@@ -168,17 +165,6 @@ def format_rows(name, entry):
                 f"{entry['random_floor_seconds']:.3f} s: runs/floor {entry['runs_over_floor']:.2f}x (median of {ratios}; "
                 f"warm cache, no figures, the first run {entry['floor_process_runs']:.2f} s)")
     return rows
-
-
-def peak_mib(side):
-    """Peak RSS of a tvjax process with the figure process's own memory added (its pages shared
-    with the study process left out)."""
-    return side["peak_mib"] + (side.get("figure_process_mib") or 0.0)
-
-
-def peak_label(side):
-    figures = side.get("figure_process_mib")
-    return f"{side['peak_mib']:.0f}+{figures:.0f}" if figures else f"{side['peak_mib']:.0f}"
 
 
 class Target(NamedTuple):
@@ -212,7 +198,7 @@ def target_checks(studies):
             speedup = entry.get(f"speedup_{cache}")
             if speedup:
                 checks.append(_target(f"{name} speedup, {cache} cache (x)", speedup["wall"], bound, True))
-        peak = max(peak_mib(entry[f"tvjax_{cache}"]) for cache in ("cold", "warm"))
+        peak = max(entry[f"tvjax_{cache}"]["peak_mib"] for cache in ("cold", "warm"))
         checks.append(_target(f"{name} peak RSS (MiB)", peak, PEAK_TARGET_MIB, False))
         checks.append(_target(f"{name} runs / floor, same process (x)", entry["runs_over_floor"], FLOOR_TARGET, False))
     return checks
@@ -262,7 +248,6 @@ def main(argv=None):
     print("speedup: the paper's runner / tvjax, whole-process wall seconds (cpu spd: CPU seconds); tvjax is the median of "
           f"{args.runs} processes per cache state. Seconds of the tvjax process: imports (interpreter start to the app's "
           "imports done), Hydra composition, JAX tracing, lowering and compiling, runs (the study's rest), figures. "
-          "peak MiB: the study process's peak RSS, plus the figure process's own memory where it drew the figures. "
           "floor: drawing the study's random words in one more process (warm cache, no figures); runs/floor: how far the "
           "runs are above it, per row (the row's runs over that floor) and in that process (same process: the study "
           "run 3 times more, each between two floor draws, the median of the ratios).")

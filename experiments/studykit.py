@@ -274,7 +274,7 @@ def _serve_figures(connection):
                 connection.send(("error", traceback.format_exc()))
                 continue
             try:
-                reply = ("ok", DrawnFigures(save_figures(out_dir, figures), private_mib()))
+                reply = ("ok", save_figures(out_dir, figures))
             except Exception:
                 reply = ("error", traceback.format_exc())
             connection.send(reply)
@@ -282,35 +282,17 @@ def _serve_figures(connection):
         os._exit(0)  # none of this process's exit handlers, buffers or JAX teardown
 
 
-class DrawnFigures(NamedTuple):
-    """The figures' file names, and the memory the figure process holds of its own (MiB, pages
-    shared with this process left out; None where they were drawn here)."""
-
-    paths: list
-    process_mib: float | None = None
-
-
-def private_mib():
-    """Memory this process holds of its own, in MiB (Linux; None elsewhere): what a forked
-    process adds to its parent's, the copy-on-write pages it shares left out."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
-    except (OSError, ValueError):
-        return None
-    return sum(int(fields[key].split()[0]) for key in ("Private_Clean", "Private_Dirty")) / 1024
-
-
 def draw_figures(out_dir, figures):
-    """save_figures(out_dir, figures) in the figure process where one runs, else here, as
-    DrawnFigures. A figure that fails there fails here, with its traceback; figures that cannot
-    be sent (a closure) or a figure process that died are drawn here."""
+    """save_figures(out_dir, figures) in the figure process where one runs, else here. A figure
+    that fails there fails here, with its traceback; figures that cannot be sent (a closure)
+    or a figure process that died are drawn here."""
     if not _figure_process or not figures:
-        return DrawnFigures(save_figures(out_dir, figures))
+        return save_figures(out_dir, figures)
     connection = _figure_process[0].connection
     try:
         connection.send((str(out_dir), figures))
     except (pickle.PicklingError, AttributeError, TypeError):  # not picklable: pickled before any byte is sent
-        return DrawnFigures(save_figures(out_dir, figures))
+        return save_figures(out_dir, figures)
     except OSError:
         return _figures_here(out_dir, figures, "the figure process is gone")
     try:
@@ -325,7 +307,7 @@ def draw_figures(out_dir, figures):
 def _figures_here(out_dir, figures, why):
     stop_figures()
     warnings.warn(f"{why}: drawing the figures in this process", RuntimeWarning, stacklevel=3)
-    return DrawnFigures(save_figures(out_dir, figures))
+    return save_figures(out_dir, figures)
 
 
 def stop_figures():
@@ -435,7 +417,7 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     seconds.update({phase: _compile_seconds[phase] - compiled_before.get(phase, 0.0) for phase in phases})
     seconds["runs"] = wall - sum(seconds[phase] for phase in phases)
     started = time.perf_counter()
-    drawn = draw_figures(out_dir, result.figures) if plots else DrawnFigures([])
+    figures = draw_figures(out_dir, result.figures) if plots else []
     seconds["figures"] = time.perf_counter() - started
     record = {
         "study": view.study.name if "study" in view else "estimate",
@@ -447,8 +429,7 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
         "compilation_cache": str(cache) if cache else None,
         "versions": package_versions(),
         "results": result.summary,
-        "figures": drawn.paths,
-        "figure_process_mib": drawn.process_mib,
+        "figures": figures,
     }
     if cfg.get("measure_floor", False) and result.random_words:
         pairs = runs_over_floor(functools.partial(_quietly, study, view), result.random_words)
