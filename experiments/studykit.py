@@ -10,7 +10,6 @@ job's output folder. The numerical helpers (repetitions, errors, fits) are `tvja
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import csv
@@ -22,17 +21,12 @@ import importlib.metadata
 import io
 import json
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
-import pickle
 import platform
 import re
 import sys
 import threading
 import time
-import traceback
-import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -220,105 +214,6 @@ def preload_matplotlib():
     return thread
 
 
-class FigureProcess(NamedTuple):
-    """A forked process that imports matplotlib while the study runs, then draws its figures."""
-
-    pid: int
-    connection: multiprocessing.connection.Connection
-
-
-_figure_process = []  # this process's FigureProcess, once started
-
-
-def _jax_started():
-    """Whether JAX has made its backends (and with them XLA's threads, which a fork would copy in
-    whatever state they hold; JAX then warns on fork). Unknown counts as started."""
-    from jax._src import xla_bridge
-
-    started = getattr(xla_bridge, "backends_are_initialized", None)
-    return started is None or started()
-
-
-def start_figures():
-    """Get matplotlib ready for the study's figures while the study runs. Where this process can
-    still fork safely (Linux, JAX's backends not made yet: a single run, a multirun's first job),
-    a forked process imports it on a core of its own and later draws the figures
-    (`draw_figures`); a thread of this process would share the GIL with tracing and lowering,
-    and slow them as much as its import costs. Elsewhere, a thread imports it."""
-    if _figure_process:
-        return
-    if not hasattr(os, "fork") or sys.platform != "linux" or _jax_started():
-        preload_matplotlib()
-        return
-    ours, theirs = multiprocessing.Pipe()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        _serve_figures(theirs)  # never returns
-    theirs.close()
-    _figure_process.append(FigureProcess(pid, ours))
-    atexit.register(stop_figures)
-
-
-def _serve_figures(connection):
-    """The figure process: import matplotlib, then draw each (out_dir, figures) job it is sent
-    and answer ("ok", paths) or ("error", traceback), until this process closes its end."""
-    try:
-        importlib.import_module("matplotlib.figure")
-        while True:
-            try:
-                out_dir, figures = connection.recv()
-            except EOFError:
-                break
-            except Exception:  # a job that does not unpickle here
-                connection.send(("error", traceback.format_exc()))
-                continue
-            try:
-                reply = ("ok", save_figures(out_dir, figures))
-            except Exception:
-                reply = ("error", traceback.format_exc())
-            connection.send(reply)
-    finally:
-        os._exit(0)  # none of this process's exit handlers, buffers or JAX teardown
-
-
-def draw_figures(out_dir, figures):
-    """save_figures(out_dir, figures) in the figure process where one runs, else here. A figure
-    that fails there fails here, with its traceback; figures that cannot be sent (a closure)
-    or a figure process that died are drawn here."""
-    if not _figure_process or not figures:
-        return save_figures(out_dir, figures)
-    connection = _figure_process[0].connection
-    try:
-        connection.send((str(out_dir), figures))
-    except (pickle.PicklingError, AttributeError, TypeError):  # not picklable: pickled before any byte is sent
-        return save_figures(out_dir, figures)
-    except OSError:
-        return _figures_here(out_dir, figures, "the figure process is gone")
-    try:
-        status, value = connection.recv()
-    except (EOFError, OSError):
-        return _figures_here(out_dir, figures, "the figure process ended")
-    if status == "error":
-        raise RuntimeError(f"drawing the figures into {out_dir} failed:\n{value}")
-    return value
-
-
-def _figures_here(out_dir, figures, why):
-    stop_figures()
-    warnings.warn(f"{why}: drawing the figures in this process", RuntimeWarning, stacklevel=3)
-    return save_figures(out_dir, figures)
-
-
-def stop_figures():
-    """Close the figure process (it exits when its end of the pipe closes) and reap it: its CPU
-    seconds then count in this process's children."""
-    while _figure_process:
-        process = _figure_process.pop()
-        process.connection.close()
-        os.waitpid(process.pid, 0)
-
-
 _SUPERSCRIPTS = str.maketrans("0123456789-\N{MINUS SIGN}", "\N{SUPERSCRIPT ZERO}\N{SUPERSCRIPT ONE}\N{SUPERSCRIPT TWO}"
                               "\N{SUPERSCRIPT THREE}\N{SUPERSCRIPT FOUR}\N{SUPERSCRIPT FIVE}\N{SUPERSCRIPT SIX}"
                               "\N{SUPERSCRIPT SEVEN}\N{SUPERSCRIPT EIGHT}\N{SUPERSCRIPT NINE}"
@@ -407,7 +302,7 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     release_programs()  # a multirun's jobs share a process: keep its compiled programs bounded
     plots = cfg.get("plots", True)
     if plots:
-        start_figures()
+        preload_matplotlib()
     entered, compiled_before = process_age(), dict(_compile_seconds)
     start = time.perf_counter()
     result = study(view)
@@ -417,7 +312,7 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     seconds.update({phase: _compile_seconds[phase] - compiled_before.get(phase, 0.0) for phase in phases})
     seconds["runs"] = wall - sum(seconds[phase] for phase in phases)
     started = time.perf_counter()
-    figures = draw_figures(out_dir, result.figures) if plots else []
+    figures = save_figures(out_dir, result.figures) if plots else []
     seconds["figures"] = time.perf_counter() - started
     record = {
         "study": view.study.name if "study" in view else "estimate",
@@ -454,7 +349,6 @@ def finish():
     or its idle workers keep the process's output pipes open until they time out."""
     if any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in sys.argv[1:]):
         return
-    stop_figures()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
