@@ -202,7 +202,7 @@ def test_random_floor_draws_every_word_once_compiled():
     one, two = (int(draw(jax.random.key(5), steps)) for steps in (1, 2))
     chunk = lambda i: int(jnp.max(jax.random.bits(jax.random.fold_in(jax.random.key(5), i), (64,), jnp.uint32)))
     assert one == chunk(0) and two == chunk(0) ^ chunk(1)
-    assert studies.random_floor_seconds(1000, chunk=64, repeats=3) > 0
+    assert studies._floor_draw(1000, 64, seed=1) > 0
 
 
 def test_released_programs_give_back_their_memory_mappings(monkeypatch):

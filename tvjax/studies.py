@@ -227,17 +227,12 @@ def _word_drawer(chunk):
 
 
 def _floor_draw(words, chunk, seed):
+    """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
+    as the estimators draw them, compile excluded: the floor under a study's runs."""
     draw = _word_drawer(chunk)
     start = time.perf_counter()
     jax.block_until_ready(draw(jax.random.key(seed), max(1, -(-int(words) // chunk))))
     return time.perf_counter() - start
-
-
-def random_floor_seconds(words, chunk=2**16, repeats=3):
-    """Seconds to draw `words` random 32-bit words here with JAX's default generator, in chunks
-    as the estimators draw them, compile excluded: the floor under a study's runs. The median of
-    `repeats` timed draws (one draw's time moves by a quarter from one to the next here)."""
-    return float(np.median([_floor_draw(words, chunk, attempt + 1) for attempt in range(repeats)]))
 
 
 class FloorPairs(NamedTuple):
