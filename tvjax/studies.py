@@ -246,9 +246,9 @@ class FloorPairs(NamedTuple):
 def runs_over_floor(run, words, pairs=3, chunk=2**16):
     """How far `run()` (a study's runs, its programs compiled already) is above the floor of
     `words` random words, both timed alternately in this process: floor, run, floor, run, ...,
-    floor; each run over the mean of the two draws beside it, the median over `pairs` runs. This
-    VM's speed moves by up to 2x over seconds, so a floor drawn once, after the runs, can read
-    another speed than the runs had; drawn on either side of each run it reads the same."""
+    floor; each run over the mean of the two draws beside it, the median over `pairs` runs. A
+    shared machine's speed can move within seconds, so a floor drawn once, after the runs, can
+    read another speed than the runs had; drawn on either side of each run it reads the same."""
     floors = [_floor_draw(words, chunk, 0)]
     runs = []
     for attempt in range(pairs):
