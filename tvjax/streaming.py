@@ -73,13 +73,14 @@ def range_moments(values, lo, hi):
     over one range's rows only: a non-finite value stays in its own range."""
     rows = values.shape[0]
     size = _block_rows(rows)
+    shift = size.bit_length() - 1  # size is a power of two and lo, hi >= 0: shifts, not jnp's floor division
     blocks = -(-rows // size)
     grid = jnp.pad(values, (0, blocks * size - rows)).reshape(blocks, size)
     block_mean = jnp.mean(grid, axis=1)
     block = Moments(jnp.full(blocks, float(size)), block_mean, jnp.sum((grid - block_mean[:, None]) ** 2, axis=1))
     lo, hi = jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
-    first_full = -(-lo // size) * size  # the first block boundary at or past lo
-    last_full = hi // size * size  # the last block boundary at or before hi
+    first_full = ((lo + size - 1) >> shift) << shift  # the first block boundary at or past lo
+    last_full = (hi >> shift) << shift  # the last block boundary at or before hi
     spans_blocks = first_full <= last_full
     starts = jnp.arange(blocks, dtype=jnp.int32) * size
     inside = (starts >= first_full[:, None]) & (starts + size <= last_full[:, None])  # [ranges, blocks]
@@ -87,7 +88,7 @@ def range_moments(values, lo, hi):
 
     def partial(begin, end):
         # Rows [begin, end) of each range, all in the block holding `begin` (empty when begin >= end).
-        index = jnp.minimum(begin // size, blocks - 1)
+        index = jnp.minimum(begin >> shift, blocks - 1)
         where = index[:, None] * size + jnp.arange(size, dtype=jnp.int32)
         return masked_moments(grid[index].T, ((where >= begin[:, None]) & (where < end[:, None])).T)
 
