@@ -19,6 +19,7 @@ from tvjax import cost
 from tvjax.estimators import lookup
 from tvjax.instances import exact_tv
 from tvjax.oracles import Exact, Noisy, Sampler
+from tvjax.programs import release_programs
 from tvjax.schedules import as_runtime, equal_share_schedule
 from tvjax.studies import errors, job_key, random_words, replicate
 
@@ -68,6 +69,10 @@ def study(cfg):
     jobs = [(label, oracle, fn, sizes) for label, oracle, points in arms(s, pi.n) for fn, sizes in points]
     rows, words = [], 0
     for job, (label, oracle, fn, sizes) in enumerate(tqdm(jobs, desc="access models")):
+        if job and (fn, type(oracle)) != (jobs[job - 1][2], type(jobs[job - 1][1])):
+            # The previous arm's program is done with: dropped, it leaves room for the next
+            # arm's compile, and the peak memory is the largest arm's, not their sum.
+            release_programs(share=0)
         est = replicate(fn, job_key(cfg.seed, job), s.reps, pi, mu, oracle, sizes, fast_compile=cfg.fast_compile)
         words += random_words(pi, oracle, sizes, s.reps)
         mae, rmse, bias = errors(est.value, truth)

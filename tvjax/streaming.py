@@ -162,7 +162,9 @@ def level_moments(key, summand, counts, chunk, positions=False):
             local = jnp.sum(rows[:, None] >= local_ends[None, :], axis=1) if levels > 1 or positions else None
             # Rows past `stop` are padding: they take the first group's level, so that a chunk of
             # one level's rows is seen as such (Algorithm 3's first level draws less).
-            level = (order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)] // copies
+            # lax.div truncates, which is floor division here (group numbers are >= 0) without
+            # jnp's sign corrections.
+            level = (jax.lax.div(order[jnp.where(rows < stop, first + jnp.minimum(local, window - 1), first)], jnp.int32(copies))
                      if levels > 1 else jnp.zeros(chunk, jnp.int32))
             out = summand(jax.random.fold_in(segment_key, index), segment, level, chunk)
             values = out[0] if positions else out
