@@ -193,6 +193,21 @@ def test_runs_over_floor_times_each_run_between_two_floor_draws(monkeypatch):
     assert pairs.ratio == 2.0  # the median of 2.0, 2.0 and 3.0
 
 
+def test_runs_over_floor_counts_the_seconds_a_run_reports(monkeypatch):
+    """A run that reports its runs' seconds (a study's wall time less the programs it loaded or
+    compiled) is counted at those seconds, not at its wall time."""
+    from tvjax import studies
+
+    draws = iter([2.0, 2.0, 4.0])
+    monkeypatch.setattr(studies, "_floor_draw", lambda words, chunk, seed: next(draws))
+    clock = iter([0.0, 9.0, 10.0, 19.0])  # each run's wall time is 9 s, of which it reports 3 and 6
+    monkeypatch.setattr(studies, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    reported = iter([3.0, 6.0])
+    pairs = runs_over_floor(lambda: next(reported), words=10, pairs=2)
+    assert pairs.runs == (3.0, 6.0) and pairs.floors == (2.0, 3.0)
+    assert pairs.ratio == 1.75  # the median of 1.5 and 2.0
+
+
 def test_random_floor_draws_every_word_once_compiled():
     """The floor's program draws ceil(words / chunk) chunks, compiled before any timed draw: the
     xor of the chunks' largest words, over as many chunks as asked."""

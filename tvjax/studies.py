@@ -244,17 +244,19 @@ class FloorPairs(NamedTuple):
 
 
 def runs_over_floor(run, words, pairs=3, chunk=2**16):
-    """How far `run()` (a study's runs, its programs compiled already) is above the floor of
-    `words` random words, both timed alternately in this process: floor, run, floor, run, ...,
-    floor; each run over the mean of the two draws beside it, the median over `pairs` runs. A
-    shared machine's speed can move within seconds, so a floor drawn once, after the runs, can
-    read another speed than the runs had; drawn on either side of each run it reads the same."""
+    """How far `run()` (a study's runs) is above the floor of `words` random words, both timed
+    alternately in this process: floor, run, floor, run, ..., floor; each run over the mean of the
+    two draws beside it, the median over `pairs` runs. A shared machine's speed can move within
+    seconds, so a floor drawn once, after the runs, can read another speed than the runs had;
+    drawn on either side of each run it reads the same. `run()` returns the seconds of its runs
+    (its wall time less what it spent loading or compiling programs, as a study's breakdown
+    counts them), or None: then its wall time is its runs."""
     floors = [_floor_draw(words, chunk, 0)]
     runs = []
     for attempt in range(pairs):
         start = time.perf_counter()
-        run()
-        runs.append(time.perf_counter() - start)
+        spent = run()
+        runs.append(time.perf_counter() - start if spent is None else spent)
         floors.append(_floor_draw(words, chunk, attempt + 1))
     beside = [(before + after) / 2 for before, after in zip(floors, floors[1:])]
     ratio = float(np.median([r / f for r, f in zip(runs, beside)]))
