@@ -39,7 +39,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tvjax.jsonable import to_jsonable
-from tvjax.programs import LOAD_EVENT, enable_compilation_cache, release_programs
+from tvjax.programs import LOAD_EVENT, compiler_options, enable_compilation_cache, release_programs
 from tvjax.studies import runs_over_floor
 
 # Launchers that start fresh processes (submitit's local and Slurm executors) unpickle the app's
@@ -68,9 +68,18 @@ COMPILE_EVENTS = {
 _compile_seconds = collections.Counter()
 
 
+# matplotlib's import waits for the first of these: a program lowered (its compile, which
+# releases the GIL, follows) or a saved one loaded (its runs follow).
+_PRELOAD_AFTER = ("/jax/core/compile/jaxpr_to_mlir_module_duration", LOAD_EVENT)
+_preload_armed = [False]
+
+
 def _on_duration(event, duration, **_):
     if event in COMPILE_EVENTS:
         _compile_seconds[COMPILE_EVENTS[event]] += duration
+    if _preload_armed[0] and event in _PRELOAD_AFTER:
+        _preload_armed[0] = False
+        preload_matplotlib()
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
@@ -208,7 +217,9 @@ def subplots(nrows=1, ncols=1, *, figsize=None, **kwargs):
 
 def preload_matplotlib():
     """Import matplotlib in a thread while the study runs: its import (a good part of a short
-    study's seconds) then overlaps the compiles and runs, which release the GIL."""
+    study's seconds) then overlaps the compiles and runs, which release the GIL. `run_study`
+    starts it once the study's first program is lowered or loaded, not before: tracing and
+    lowering hold the GIL, and an import beside them slows both."""
     thread = threading.Thread(target=importlib.import_module, args=("matplotlib.figure",), daemon=True)
     thread.start()
     return thread
@@ -307,11 +318,13 @@ def run_study(cfg, study: Callable, reads, out_dir=None):
     cache = enable_compilation_cache(cfg.get("compilation_cache"))
     release_programs()  # a multirun's jobs share a process: keep its compiled programs bounded
     plots = cfg.get("plots", True)
-    if plots:
-        preload_matplotlib()
     entered, compiled_before = process_age(), dict(_compile_seconds)
     start = time.perf_counter()
+    if plots:
+        compiler_options()  # probed now (a trivial compile), so the first program lowered is the study's
+        _preload_armed[0] = True
     result = study(view)
+    _preload_armed[0] = False  # a study that compiled and loaded nothing imports it when it draws
     wall = time.perf_counter() - start
     seconds = {"startup_and_imports": _IMPORTED_AT, "hydra_composition": entered - _IMPORTED_AT}
     phases = dict.fromkeys(COMPILE_EVENTS.values())

@@ -111,6 +111,31 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
 
 
 
+def test_matplotlib_import_waits_for_the_first_program_lowered(tmp_path, monkeypatch):
+    """run_study starts matplotlib's import thread once the study's first program is lowered (its
+    compile, which releases the GIL, follows), not beside the tracing and lowering that hold the
+    GIL; once only, and not after the study."""
+    import studykit
+
+    started = []  # the lowering seconds seen when the import started
+    monkeypatch.setattr(studykit, "preload_matplotlib", lambda: started.append(studykit._compile_seconds["lowering"]))
+    lowered_before = []
+
+    def study(view):
+        lowered_before.append(studykit._compile_seconds["lowering"])
+        assert not started  # armed, not started: nothing lowered yet
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.float32(2.0)).block_until_ready()
+        assert len(started) == 1 and started[0] > lowered_before[0]  # right after that lowering
+        jax.jit(lambda x: x - 5.0)(np.float32(2.0)).block_until_ready()
+        return studykit.StudyResult({"value": 1.0}, [{"value": 1.0}], {})
+
+    cfg = composed("convergence", ["smoke=true"])
+    run_study(cfg, study, ("seed", "study"), out_dir=tmp_path)
+    assert len(started) == 1
+    jax.jit(lambda x: x / 7.0)(np.float32(2.0)).block_until_ready()  # after the study: disarmed
+    assert len(started) == 1
+
+
 def test_multilevel_regimes_batches_map_every_copy_to_its_schedule(tmp_path):
     # Jobs sharing padded repeat counts run as copies of one call (here two batches of two jobs
     # at r = (32, 32) and one at r = (8, 32)): each job's estimates must be the copies that ran
