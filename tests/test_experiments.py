@@ -111,6 +111,20 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
 
 
 
+def test_access_models_drops_each_arms_program_before_the_next(tmp_path, monkeypatch):
+    """B.11's arms run one after another: the programs of each are dropped before the next arm's
+    compile (its peak memory is then the largest arm's), once per change of arm, not per job."""
+    module = load_app("access_models")
+    released = []
+    monkeypatch.setattr(module, "release_programs", lambda share: released.append(share))
+    # The paper's 45 jobs at 2 repetitions: 9 exact, 3 noisy arms of 9 (one program: sigma is data),
+    # 9 sample-only.
+    cfg = composed("access_models", ["experiment=access_models_paper", "study.reps=2", "plots=false"])
+    record = run_study(cfg, module.study, module.READS, out_dir=tmp_path)
+    assert len(record["results"]["arms"]) == 5 and len(list(csv.DictReader((tmp_path / "results.csv").open()))) == 45
+    assert released == [0, 0]  # exact -> noisy, noisy -> sample-only
+
+
 def test_matplotlib_import_waits_for_the_first_program_lowered(tmp_path, monkeypatch):
     """run_study starts matplotlib's import thread once the study's first program is lowered (its
     compile, which releases the GIL, follows), not beside the tracing and lowering that hold the
