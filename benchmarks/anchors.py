@@ -16,7 +16,7 @@ time of each is reported. The runner runs once (its runs take minutes; `--anchor
 Wall seconds, CPU seconds (user + system, the process and its threads) and peak RSS come from
 `os.wait4` on each process. One more tvjax process (unmeasured, warm cache, no figures) runs the
 study, then runs it 3 times more, each between two draws of its random-number floor
-(`measure_floor=true`, `tvjax.studies.runs_over_floor`): the "same process" line is the median of
+(`measure_floor=true`, `tvjax.core.studies.runs_over_floor`): the "same process" line is the median of
 those runs over the floor beside each. The runners
 are found at $TVJAX_ANCHORS or ../shared/anchors beside the project; where they are not, the table
 has tvjax's side only and says so. A full run ends with issue 13's targets, each met or not

@@ -22,7 +22,7 @@ process times the first call of each task (for tvjax it includes compilation) an
 more, reporting their median. Tokens per second = batch x n / median seconds; compile s (tvjax) =
 first call - median. Memory: every process's peak RSS, and per task its working memory (the
 high-water mark after resetting it at the task's start, less the resident size then). A last pair
-of tvjax processes runs `tvjax.estimators.likelihood_ratio` (exact oracle) on two variants
+of tvjax processes runs `tvjax.core.estimators.likelihood_ratio` (exact oracle) on two variants
 (temperature 1 and 1.25, no top-k) with Samples(N) for N = 64 and 256 at the smallest n, chunked by
 the default policy (`max_chunk_rows`), and reports their working memory (compilation included, the
 same program for both): it should not grow with N. Speed is reported, never asserted.

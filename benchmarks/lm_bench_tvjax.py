@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, write_json
 
+from tvjax.core.programs import enable_compilation_cache
 from tvjax.models import ModelConfig, language_model, load_hf_folder, load_smollm2, random_model, save_hf_folder
-from tvjax.programs import enable_compilation_cache
 
 from measure import peak_rss_bytes, rss_bytes, timed
 
@@ -60,10 +60,10 @@ def bench(job, started):
 
 
 def memory(job, started):
-    from tvjax.estimators import likelihood_ratio
-    from tvjax.oracles import Exact
-    from tvjax.schedules import Samples
-    from tvjax.streaming import stream_chunk
+    from tvjax.core.estimators import likelihood_ratio
+    from tvjax.core.oracles import Exact
+    from tvjax.core.schedules import Samples
+    from tvjax.core.streaming import stream_chunk
 
     model, _ = load(job["model"])
     # no top-k: jax.lax.top_k is most of a CPU run's time (see the README) and changes no memory;

@@ -6,8 +6,8 @@ import math
 import numpy as np
 
 import tvjax
-from tvjax import cost
-from tvjax.schedules import paper_schedule
+from tvjax.core import cost
+from tvjax.core.schedules import paper_schedule
 
 INSTANCE = {"seed": 10, "n": 128, "block_bits": 12, "p_active": 0.4, "alpha": 0.49}
 # Accuracy grid for fitting a paper schedule to a query budget (smallest feasible eps wins).

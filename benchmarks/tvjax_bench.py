@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import tvjax
-from tvjax.estimators import lookup
-from tvjax.programs import enable_compilation_cache, jit_program
-from tvjax.schedules import Samples, Schedule, pad_schedule
+from tvjax.core.estimators import lookup
+from tvjax.core.programs import enable_compilation_cache, jit_program
+from tvjax.core.schedules import Samples, Schedule, pad_schedule
 
 from measure import timed, worker_main
 

@@ -15,15 +15,14 @@ import hydra
 import numpy as np
 from tqdm import tqdm
 
-from tvjax import cost
-from tvjax.estimators import lookup
-from tvjax.instances import exact_tv
-from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.programs import release_programs
-from tvjax.schedules import as_runtime, equal_share_schedule
-from tvjax.studies import errors, job_key, random_words, replicate
-
-from studykit import StudyResult, build_pair, finish, run_study, subplots
+from tvjax.core import cost
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import exact_tv
+from tvjax.core.oracles import Exact, Noisy, Sampler
+from tvjax.core.programs import release_programs
+from tvjax.core.schedules import as_runtime, equal_share_schedule
+from tvjax.core.studies import errors, job_key, random_words, replicate
+from tvjax.studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 

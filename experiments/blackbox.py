@@ -4,7 +4,7 @@
 
 For pairs of known TV (`study.families`: tabular pairs, support mismatch by top-k included, coins,
 the paper's block instance) and each sample size of `study.sizes`, `study.seeds` independent runs
-of `tvjax.distinguish.distinguish_copies` (the n-gram classifier): the certified lower bound at
+of `tvjax.audit.distinguish.distinguish_copies` (the n-gram classifier): the certified lower bound at
 1 - delta, the point estimate pi_hat(A) - mu_hat(A), their ratio to the true TV, and the share of
 seeds that detect a difference (bound > 0 at delta = level). On the same samples (up to
 `met_max_size` per side), model equality testing's MMD test (`model-equality-testing`, in its own
@@ -28,11 +28,10 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from tvjax.distinguish import TokenSamples, TrainSettings, copy_samples, distinguish, distinguish_copies, sample_process
-from tvjax.instances import exact_tv
-from tvjax.studies import job_key
-
-from studykit import ConfigError, StudyResult, build_pair, config_digest, csv_text, finish, run_study, subplots
+from tvjax.audit.distinguish import TokenSamples, TrainSettings, copy_samples, distinguish, distinguish_copies, sample_process
+from tvjax.core.instances import exact_tv
+from tvjax.core.studies import job_key
+from tvjax.studykit import ConfigError, StudyResult, build_pair, config_digest, csv_text, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "study")
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +173,8 @@ def lm_store(cfg, p_index, pair, pi, mu):
     its own key, so that an interrupted run (or one spread over sessions) resumes where it
     stopped and draws exactly what one uninterrupted run draws. Returns (samples, seconds spent
     sampling in this run, continuations drawn in this run)."""
-    from tvjax.currency import stopping_ids
-    from tvjax.pools import create_pool, read_lengths, read_tokens, tokens_key
+    from tvjax.core.currency import stopping_ids
+    from tvjax.pools.store import create_pool, read_lengths, read_tokens, tokens_key
 
     lm = cfg.study.lm
     total = lm.seeds * max(lm.sizes)

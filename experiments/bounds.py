@@ -4,10 +4,10 @@
     .venv/bin/python experiments/bounds.py -m study.point='range(0,35)' hydra/launcher=joblib
 
 For each access model and each grid axis (n, eps, sigma, K; the others held at `base`), the
-budget each estimator needs to reach RMSE = eps (`tvjax.studies.needed_budget`: `reps` runs at a
+budget each estimator needs to reach RMSE = eps (`tvjax.core.studies.needed_budget`: `reps` runs at a
 pilot budget give the bias and the variance, the variance falls as 1/budget). The log-log slope
 of that budget along the axis is fitted with a 95% bootstrap interval
-(`tvjax.studies.bootstrap_exponent`) and compared with the theory's slope over the same grid
+(`tvjax.core.studies.bootstrap_exponent`) and compared with the theory's slope over the same grid
 (`bound_verdict`): the upper bounds (exact n/eps^2; noisy (n + n^2 sigma^2)/eps^2 and sampler
 n^2 K/eps^2, each times log^2(1/eps)) for the paper's estimators, and on the paper's hard
 instances the lower bounds (n/eps^2; n (1 v sigma^2) / (eps^2 log K); n K / (eps^2 log K)) for
@@ -33,14 +33,13 @@ import numpy as np
 from hydra.experimental.callback import Callback
 from tqdm import tqdm
 
-from tvjax.estimators import lookup
-from tvjax.instances import exact_tv
-from tvjax.jsonable import to_jsonable
-from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.schedules import Level, Samples, as_runtime, paper_schedule
-from tvjax.studies import bootstrap_exponent, bound_verdict, job_key, loglog_fit, needed_budget, replicate
-
-from studykit import ConfigError, StudyResult, build_pair, csv_text, finish, run_study, save_figures, subplots, write_csv
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import exact_tv
+from tvjax.core.jsonable import to_jsonable
+from tvjax.core.oracles import Exact, Noisy, Sampler
+from tvjax.core.schedules import Level, Samples, as_runtime, paper_schedule
+from tvjax.core.studies import bootstrap_exponent, bound_verdict, job_key, loglog_fit, needed_budget, replicate
+from tvjax.studykit import ConfigError, StudyResult, build_pair, csv_text, finish, run_study, save_figures, subplots, write_csv
 
 READS = ("seed", "fast_compile", "instance", "study")
 ORACLES = {"exact": lambda p: Exact(), "noisy": lambda p: Noisy(p.sigma), "sampler": lambda p: Sampler()}

@@ -14,12 +14,11 @@ import hydra
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.estimators import lookup
-from tvjax.instances import exact_tv, likelihood_ratio_moments
-from tvjax.oracles import Exact
-from tvjax.studies import errors, job_key, loglog_fit, random_words, replicate
-
-from studykit import StudyResult, build, build_pair, finish, run_study, subplots
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import exact_tv, likelihood_ratio_moments
+from tvjax.core.oracles import Exact
+from tvjax.core.studies import errors, job_key, loglog_fit, random_words, replicate
+from tvjax.studykit import StudyResult, build, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "oracle", "study")
 

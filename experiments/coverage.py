@@ -3,7 +3,7 @@
     .venv/bin/python experiments/coverage.py [smoke=true]
 
 For each arm (an instance and an access model), `seeds` independent runs of
-`tvjax.sequential.anytime_tv` for `rounds` rounds of `round_size` observations: the share of
+`tvjax.audit.sequential.anytime_tv` for `rounds` rounds of `round_size` observations: the share of
 seeds whose interval holds the exact TV after every round (the sequence promises at least
 1 - delta), and the interval's width. Then one run per seed stopped at the first round whose
 half-width is at most eps (within `stop_within_rounds`), against the fixed-size `estimate_tv`
@@ -16,12 +16,11 @@ import hydra
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.api import estimate_tv
-from tvjax.instances import exact_tv
-from tvjax.sequential import anytime_tv
-from tvjax.studies import job_key
-
-from studykit import StudyResult, build_pair, finish, run_study, subplots
+from tvjax.audit.sequential import anytime_tv
+from tvjax.core.api import estimate_tv
+from tvjax.core.instances import exact_tv
+from tvjax.core.studies import job_key
+from tvjax.studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "instance", "study")
 

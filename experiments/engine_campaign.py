@@ -18,7 +18,7 @@ campaign without redoing committed shards.
 
 campaign.access=text (both engines kind openai: text-only chat endpoints, the access model of a
 closed provider): N completions per side, no log-probabilities, kept in texts.jsonl beside
-campaign.pool (resumable), and tvjax.distinguish's certified TV lower bound from them, bound.json.
+campaign.pool (resumable), and tvjax.audit.distinguish's certified TV lower bound from them, bound.json.
 
 campaign.eos (both engines' `eos`): "suppress" (default, the paper's protocol: EOS banned, n tokens
 per trajectory, a fixed-length pool) or "stop" (outputs stop at their first EOS as served: the pool
@@ -41,8 +41,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from tvjax import pools
 from tvjax.engines.protocol import task_shard_keys
+from tvjax.pools import store as pools
 
 ROOT = Path(__file__).resolve().parents[1]
 # engines that read safetensors folders, not GGUF files (transformers and jax read a GGUF directly)
@@ -212,19 +212,19 @@ def run_campaign(cfg: DictConfig) -> Path:
 
 
 def run_report(pool: Path, out: str) -> None:
-    subprocess.run([sys.executable, "-m", "tvjax.report", str(pool), "--out", out], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "tvjax.pools.report", str(pool), "--out", out], cwd=ROOT, check=True)
 
 
 def run_text_campaign(cfg: DictConfig) -> Path:
     """campaign.access=text: both engines are text-only chat endpoints (kind openai); each side's
     N completions (at most n tokens) go to texts.jsonl beside campaign.pool, resumably, and
-    `tvjax.distinguish.distinguish_texts` certifies a TV lower bound from them (bound.json)."""
+    `tvjax.audit.distinguish.distinguish_texts` certifies a TV lower bound from them (bound.json)."""
     import jax
 
+    from tvjax.audit.distinguish import distinguish_texts
     from tvjax.cli import text_tokenizer
-    from tvjax.distinguish import distinguish_texts
+    from tvjax.core.jsonable import to_jsonable
     from tvjax.engines.openai_bridge import stored_texts
-    from tvjax.jsonable import to_jsonable
 
     kinds = {cfg[side].kind for side in ("pi", "mu")}
     if kinds != {"openai"}:

@@ -6,7 +6,7 @@
 Round k is one engine campaign (`engine_campaign.run_campaign`: both engines sample
 gate.round_size continuations per side and replay-score both sides) into its own pool,
 ROUND_DIR/round-k/pool, with the engines' seeds derived from (seed, k), so rounds are
-independent. After each round the gate's confidence sequence (`tvjax.sequential`) takes the
+independent. After each round the gate's confidence sequence (`tvjax.audit.sequential`) takes the
 round's rows; it stops at the first round that decides, or after gate.max_rounds / gate.budget
 queries. Replay that repeats itself across passes is exact scoring; replay that does not (GPU
 serving) is the plug-in over the R passes with its bias bound, and each engine's A/A control
@@ -27,12 +27,12 @@ import hydra
 from engine_campaign import CampaignError, run_campaign
 from omegaconf import DictConfig, OmegaConf
 
-from tvjax import cost
+from tvjax.audit.sequential import decide, noise_floor, pool_rounds, pool_scoring, sequence_estimates
 from tvjax.cli import verdict_line
+from tvjax.core import cost
+from tvjax.core.jsonable import to_jsonable
 from tvjax.engines.protocol import derive_seed
-from tvjax.jsonable import to_jsonable
-from tvjax.pools import PoolError, load_pool
-from tvjax.sequential import decide, noise_floor, pool_rounds, pool_scoring, sequence_estimates
+from tvjax.pools.store import PoolError, load_pool
 
 
 def round_config(cfg: DictConfig, index: int, folder: Path) -> DictConfig:

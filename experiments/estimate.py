@@ -14,10 +14,9 @@ import hydra
 import jax
 import numpy as np
 
-from tvjax.api import confidence_interval
-from tvjax.instances import exact_tv
-
-from studykit import StudyResult, build, build_pair, finish, run_study, subplots
+from tvjax.core.api import confidence_interval
+from tvjax.core.instances import exact_tv
+from tvjax.studykit import StudyResult, build, build_pair, finish, run_study, subplots
 
 READS = ("seed", "delta", "instance", "oracle", "estimator")
 

@@ -6,7 +6,7 @@ default) against the continuation length n: the paper's estimators on real condi
 For each variant of `study.variants` (a label and `LanguageModel.variant` keywords for mu; pi is
 `study.reference`, float32, unless the entry says `pi:`) and each n of `study.sizes`: Algorithm 1
 (`likelihood_ratio` from the registry, exact logits, `num` trajectories from pi) with the normal
-interval of `tvjax.api.confidence_interval`. At the n of `study.access_sizes` the same pair is
+interval of `tvjax.core.api.confidence_interval`. At the n of `study.access_sizes` the same pair is
 also measured through a Noisy(sigma) oracle and through a prefix sampler (sample-only), both with
 Algorithm 3 on the fixed schedule `study.schedule`; their intervals are widened by the estimated
 bias left at the top level. A variant that `variant()` refuses (a dtype or keyword it does not
@@ -23,13 +23,12 @@ import numpy as np
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from tvjax.api import confidence_interval
-from tvjax.estimators import lookup
-from tvjax.instances import enumerate_tv
-from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.schedules import Samples, Schedule, as_runtime
-
-from studykit import ConfigError, StudyResult, build_pair, finish, run_study, subplots
+from tvjax.core.api import confidence_interval
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import enumerate_tv
+from tvjax.core.oracles import Exact, Noisy, Sampler
+from tvjax.core.schedules import Samples, Schedule, as_runtime
+from tvjax.studykit import ConfigError, StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "delta", "instance", "study")
 ARMS = ("exact", "noisy", "sample-only")

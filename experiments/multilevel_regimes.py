@@ -21,16 +21,15 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from tvjax import cost
-from tvjax.currency import mixture_z
-from tvjax.estimators import lookup
-from tvjax.instances import exact_tv
-from tvjax.oracles import Noisy
-from tvjax.programs import BRIEF_RUN_OPTIONS, compiler_options, saved_program
-from tvjax.schedules import Samples, Schedule, pad_schedule
-from tvjax.studies import errors, job_key, random_words, replicate
-
-from studykit import StudyResult, build_pair, finish, run_study, subplots
+from tvjax.core import cost
+from tvjax.core.currency import mixture_z
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import exact_tv
+from tvjax.core.oracles import Noisy
+from tvjax.core.programs import BRIEF_RUN_OPTIONS, compiler_options, saved_program
+from tvjax.core.schedules import Samples, Schedule, pad_schedule
+from tvjax.core.studies import errors, job_key, random_words, replicate
+from tvjax.studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 

@@ -15,12 +15,11 @@ import hydra
 import numpy as np
 from tqdm import tqdm
 
-from tvjax.estimators import lookup
-from tvjax.instances import exact_tv
-from tvjax.oracles import Noisy
-from tvjax.studies import errors, job_key, replicate
-
-from studykit import StudyResult, build_pair, finish, run_study, subplots
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import exact_tv
+from tvjax.core.oracles import Noisy
+from tvjax.core.studies import errors, job_key, replicate
+from tvjax.studykit import StudyResult, build_pair, finish, run_study, subplots
 
 READS = ("seed", "fast_compile", "instance", "study")
 

@@ -94,7 +94,7 @@ def check_stopped_pool(pool, side: str, scorers) -> None:
     draw is finite under every scorer (its probability is recorded), every padded position is 0."""
     import numpy as np
 
-    from tvjax import pools
+    from tvjax.pools import store as pools
 
     lengths, tokens, n = pool.lengths[side], pool.tokens[side], pool.spec.n
     assert np.array_equal(lengths, pools.stopped_lengths(tokens, pool.spec.eos_ids))

@@ -4,7 +4,7 @@ JAX's persistent compilation cache (which the CLI, the apps and the benchmarks t
 folder of this test session, not the user's ~/.cache, and is inherited by the processes the tests
 start; the folder is removed when the session ends.
 
-After each test module, its compiled programs are dropped (`tvjax.programs.release_programs`):
+After each test module, its compiled programs are dropped (`tvjax.core.programs.release_programs`):
 every XLA:CPU executable keeps its machine code in memory mappings of its own, and one pytest
 process that kept every test's programs passed Linux's default limit of 65530 mappings per
 process (vm.max_map_count), at which point the next compile died of a segmentation fault. This
@@ -31,6 +31,6 @@ def _release_compiled_programs():
     """Drop the module's compiled programs once its tests (and its fixtures) are done."""
     yield
     if "jax" in sys.modules:
-        from tvjax.programs import release_programs
+        from tvjax.core.programs import release_programs
 
         release_programs(share=0)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tvjax import Exact, Noisy, Sampler, block_pair, exact_tv, random_tabular_pair
-from tvjax.analysis import (
+from tvjax.core.jsonable import to_jsonable
+from tvjax.pools.analysis import (
     Hygiene,
     calibrate_sigma,
     compare_scorers,
@@ -19,11 +20,10 @@ from tvjax.analysis import (
     tv_estimate,
     zero_mass_rates,
 )
-from tvjax.analysis.__main__ import main as analysis_main
-from tvjax.jsonable import to_jsonable
-from tvjax.pools import PoolWriter, create_pool, load_pool
-from tvjax.report import main as report_main
-from tvjax.synthetic_pool import write_synthetic_pool
+from tvjax.pools.analysis.__main__ import main as analysis_main
+from tvjax.pools.report import main as report_main
+from tvjax.pools.store import PoolWriter, create_pool, load_pool
+from tvjax.pools.synthetic import write_synthetic_pool
 
 SIGMA = 0.1
 FEW = Hygiene(num_permutations=4)
@@ -270,7 +270,7 @@ STOP_SIGMA = 0.05  # additive noise: small against the table's smallest probabil
 def stopping_pool(tmp_path_factory):
     """A tabular pair whose outputs stop at EOS (token 3), noisy scoring with a full readout:
     TV over sequences of length <= n by enumeration."""
-    from tvjax.instances import stopping_tabular_pair
+    from tvjax.core.instances import stopping_tabular_pair
 
     pi, mu = stopping_tabular_pair(seed=2, vocab_size=4, n=6, stop_prob=(0.2, 0.35), logit_scale=0.5)
     path = tmp_path_factory.mktemp("pools") / "stopping"
@@ -279,7 +279,7 @@ def stopping_pool(tmp_path_factory):
 
 
 def test_stopping_pool_holds_lengths_and_the_tv_of_whole_outputs(stopping_pool):
-    from tvjax.pools import padded_positions, stopped_lengths
+    from tvjax.pools.store import padded_positions, stopped_lengths
 
     path, truth = stopping_pool
     pool = load_pool(path)

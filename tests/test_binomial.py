@@ -1,4 +1,4 @@
-"""tvjax.binomial: the law of the draws against scipy, exact cells, traced and broadcast counts,
+"""tvjax.core.binomial: the law of the draws against scipy, exact cells, traced and broadcast counts,
 determinism. Fixed seeds; every distribution case is drawn in one call, so the module compiles a
 handful of programs only."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import tvjax.binomial as tb
-from tvjax.binomial import binomial
+import tvjax.core.binomial as tb
+from tvjax.core.binomial import binomial
 
 DRAWS = 200_000
 

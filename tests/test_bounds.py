@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tvjax.studies import ExponentFit, bootstrap_exponent, bound_verdict, needed_budget
-
-from studykit import ConfigError, run_study, study_view
+from tvjax.core.studies import ExponentFit, bootstrap_exponent, bound_verdict, needed_budget
+from tvjax.studykit import ConfigError, run_study, study_view
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_ENV = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "HYDRA_FULL_ERROR": "1"}

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import tvjax
-from tvjax import estimators as E
-from tvjax.currency import likelihood_ratio_term, mixture_z
-from tvjax.estimators.paper import _multilevel_program, _one_sided_program
-from tvjax.instances import exact_tv, paper_block_pair, random_tabular_pair, rare_escape_pair
-from tvjax.oracles import Exact, LogitNoise, Noisy, Sampler
-from tvjax.schedules import Level, Samples, Schedule, groups_for_confidence, pad_schedule, paper_schedule
+from tvjax.core import estimators as E
+from tvjax.core.currency import likelihood_ratio_term, mixture_z
+from tvjax.core.estimators.paper import _multilevel_program, _one_sided_program
+from tvjax.core.instances import exact_tv, paper_block_pair, random_tabular_pair, rare_escape_pair
+from tvjax.core.oracles import Exact, LogitNoise, Noisy, Sampler
+from tvjax.core.schedules import Level, Samples, Schedule, groups_for_confidence, pad_schedule, paper_schedule
 
 KEY = jax.random.PRNGKey(2026)
 
@@ -273,7 +273,7 @@ def test_estimate_tv_exact_and_noisy():
 
 
 def test_interval_includes_the_extrapolated_top_level_bias():
-    from tvjax.api import confidence_interval, top_level_bias
+    from tvjax.core.api import confidence_interval, top_level_bias
 
     levels = E.LevelStats(jnp.array([8, 32]), jnp.array([100.0, 50.0]), jnp.array([0.3, -0.01]), jnp.array([0.2, 0.01]),
                           jnp.array([1.0, 1.0]))
@@ -538,7 +538,7 @@ def test_range_moments_match_float64_and_keep_non_finite_values_in_their_range(r
     end inside a block, span several, cover whole blocks or are empty; rows outside every range
     hold inf and must not be read. A valid inf (a KL baseline under support mismatch) stays in
     its own range instead of turning every range's moments into NaN."""
-    from tvjax.streaming import range_moments
+    from tvjax.core.streaming import range_moments
 
     rng = np.random.default_rng(rows)
     moments = jax.jit(range_moments)

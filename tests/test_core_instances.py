@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import tvjax
-from tvjax.currency import likelihood_ratio_term
-from tvjax.instances import (
+from tvjax.core.currency import likelihood_ratio_term
+from tvjax.core.instances import (
     TabularProcess,
     block_pair,
     coin_pair,
@@ -22,7 +22,7 @@ from tvjax.instances import (
     rare_escape_pair,
     tabular_logits,
 )
-from tvjax.oracles import Exact, Noisy
+from tvjax.core.oracles import Exact, Noisy
 
 
 def test_paper_instance_exact_tv():
@@ -104,7 +104,7 @@ def test_enumeration_too_large_raises():
         lambda: rare_escape_pair([0.6, 0.4], [0.2, 0.8], n=3, escape_scale=1.0),
         lambda: block_pair(seed=1, n=5, block_bits=2, p_active=0.5, alpha=0.4),
         lambda: coin_pair(n=4, shift=0.3),
-        lambda: tvjax.instances.stopping_tabular_pair(seed=3, vocab_size=3, n=4),
+        lambda: tvjax.core.instances.stopping_tabular_pair(seed=3, vocab_size=3, n=4),
     ],
 )
 def test_sampling_law_matches_path_logprobs(pair):
@@ -180,7 +180,7 @@ def test_mismatched_pairs_raise():
     with pytest.raises(ValueError, match="vocabularies"):
         exact_tv(a, b)
     with pytest.raises(ValueError, match="vocabularies"):
-        tvjax.estimators.likelihood_ratio(jax.random.PRNGKey(0), a, b, tvjax.Exact(), tvjax.Samples(16))
+        tvjax.core.estimators.likelihood_ratio(jax.random.PRNGKey(0), a, b, tvjax.Exact(), tvjax.Samples(16))
 
 
 def test_rare_escape_uniform_pair_has_the_stated_tv():
@@ -326,15 +326,15 @@ def _stopped_tv_by_brute_force(seed, V, n, stop):
 def test_stopping_tabular_tv_equals_the_variable_length_sum(seed, V, n):
     """Padded enumeration over V^n (what exact_tv does) against a sum over the sequences of
     length <= n themselves: after EOS the pad is deterministic under both models."""
-    pi, mu = tvjax.instances.stopping_tabular_pair(seed=seed, vocab_size=V, n=n, stop_prob=(0.2, 0.35))
+    pi, mu = tvjax.core.instances.stopping_tabular_pair(seed=seed, vocab_size=V, n=n, stop_prob=(0.2, 0.35))
     assert pi.eos_ids == mu.eos_ids == (V - 1,)
     assert exact_tv(pi, mu) == pytest.approx(_stopped_tv_by_brute_force(seed, V, n, (0.2, 0.35)), abs=2e-6)
 
 
 def test_stopped_trajectories_pad_with_log_probability_zero_and_their_lengths():
-    from tvjax.currency import trajectory_lengths
+    from tvjax.core.currency import trajectory_lengths
 
-    pi, _ = tvjax.instances.stopping_tabular_pair(seed=1, n=6, stop_prob=(0.3, 0.3))
+    pi, _ = tvjax.core.instances.stopping_tabular_pair(seed=1, n=6, stop_prob=(0.3, 0.3))
     tokens = np.asarray(pi.sample(jax.random.key(0), 4096))
     lengths = np.asarray(trajectory_lengths(tokens, pi.eos_ids))
     logp = np.asarray(pi.path_logprobs(jnp.asarray(tokens)))
@@ -349,7 +349,7 @@ def test_stopped_trajectories_pad_with_log_probability_zero_and_their_lengths():
 def test_estimators_apply_unchanged_to_stopping_pairs():
     """Algorithm 1 at exact logits on a stopping pair: within 4 standard errors of the
     variable-length TV."""
-    pi, mu = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=5)
+    pi, mu = tvjax.core.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=5)
     est = tvjax.estimate_tv(jax.random.key(0), pi, mu, "exact", eps=0.02, delta=0.05)
     assert abs(float(est.value) - exact_tv(pi, mu)) < 4 * float(est.stderr)
 
@@ -357,11 +357,11 @@ def test_estimators_apply_unchanged_to_stopping_pairs():
 def test_estimators_spend_queries_on_real_positions_of_stopping_pairs():
     """Every estimator on a stopping pair reports the queries of the positions it drew: about the
     mean length (from the tokens) in place of n, and exactly n on a fixed-length pair."""
-    from tvjax.currency import trajectory_lengths
-    from tvjax.estimators import REGISTRY
-    from tvjax.schedules import Level, Samples, Schedule
+    from tvjax.core.currency import trajectory_lengths
+    from tvjax.core.estimators import REGISTRY
+    from tvjax.core.schedules import Level, Samples, Schedule
 
-    pi, mu = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6, stop_prob=(0.3, 0.3))
+    pi, mu = tvjax.core.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6, stop_prob=(0.3, 0.3))
     tokens = np.asarray(pi.sample(jax.random.key(9), 20000))
     mean_length = float(np.mean(np.asarray(trajectory_lengths(tokens, pi.eos_ids))))
     assert 2.0 < mean_length < 4.0  # stop probability 0.3 per step: far below n = 6
@@ -373,13 +373,13 @@ def test_estimators_spend_queries_on_real_positions_of_stopping_pairs():
         share = float(est.queries) / fixed
         # the mean length of 4000 trajectories, within 5 of its standard errors (length sd < 2)
         assert abs(share - mean_length / pi.n) < 5 * 2.0 / np.sqrt(num) / pi.n, name
-    flat, _ = tvjax.instances.random_tabular_pair(3, vocab_size=4, n=6)
+    flat, _ = tvjax.core.instances.random_tabular_pair(3, vocab_size=4, n=6)
     est = REGISTRY["plugin"].fn(jax.random.key(1), flat, flat, tvjax.Exact(), Level(1000))
     assert float(est.queries) == REGISTRY["plugin"].queries(Level(1000), 6)
 
 
 def test_estimators_refuse_sides_that_stop_differently():
-    pi, _ = tvjax.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6)
-    flat, _ = tvjax.instances.random_tabular_pair(2, vocab_size=4, n=6)
+    pi, _ = tvjax.core.instances.stopping_tabular_pair(seed=2, vocab_size=4, n=6)
+    flat, _ = tvjax.core.instances.random_tabular_pair(2, vocab_size=4, n=6)
     with pytest.raises(ValueError, match="stop at different EOS ids"):
         tvjax.estimate_tv(jax.random.key(0), pi, flat, "exact", eps=0.1, delta=0.1)

@@ -1,4 +1,4 @@
-"""tvjax.distinguish: the certified TV lower bound from a trained distinguisher.
+"""tvjax.audit.distinguish: the certified TV lower bound from a trained distinguisher.
 
 The binomial bounds against scipy; validity over seeds on pairs of known TV (the observed rate of
 bound > TV within a binomial tolerance of delta, a support-mismatch pair included), identical
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tvjax.distinguish import (
+from tvjax.audit.distinguish import (
     ByteTokenizer,
     TrainSettings,
     clopper_pearson_lower,
@@ -28,7 +28,7 @@ from tvjax.distinguish import (
     token_samples,
     tv_lower_bound,
 )
-from tvjax.instances import coin_pair, exact_tv, random_tabular_pair, stopping_tabular_pair
+from tvjax.core.instances import coin_pair, exact_tv, random_tabular_pair, stopping_tabular_pair
 
 COPIES = 100
 

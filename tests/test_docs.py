@@ -400,7 +400,7 @@ def test_every_flat_export_is_documented_in_its_module_section(core_api):
     ("* `WINDOW = 16`", "WINDOW is 32"),
 ])
 def test_the_checker_catches_a_broken_line(broken, message):
-    module = "tvjax.streaming" if "WINDOW" in broken else "tvjax.schedules" if "Samples" in broken else "tvjax.estimators"
+    module = "tvjax.core.streaming" if "WINDOW" in broken else "tvjax.core.schedules" if "Samples" in broken else "tvjax.core.estimators"
     entries, _ = parse_core_api(f"## {module}\n\n{broken}\n")
     assert len(entries) == 1
     with pytest.raises(AssertionError, match=message):
@@ -408,7 +408,7 @@ def test_the_checker_catches_a_broken_line(broken, message):
 
 
 def test_the_checker_catches_a_broken_method_line():
-    text = "## tvjax.oracles\n\n* Every oracle (`Exact`, `Noisy`):\n  * `.noise_level(pi, nu)`\n"
+    text = "## tvjax.core.oracles\n\n* Every oracle (`Exact`, `Noisy`):\n  * `.noise_level(pi, nu)`\n"
     entries, _ = parse_core_api(text)
     assert [e.span for e in entries] == [".noise_level(pi, nu)"]
     with pytest.raises(AssertionError, match="Exact.noise_level takes"):
@@ -456,7 +456,7 @@ def test_every_tvjax_name_the_readme_mentions_exists():
     spans = SPAN.findall(prose)
     python = [body for lang, body in fenced if lang == "python"]
     names = set()
-    # tvjax.X anywhere: prose, spans and every code block (python, bash: `python -m tvjax.report`)
+    # tvjax.X anywhere: prose, spans and every code block (python, bash: `python -m tvjax.pools.report`)
     names |= set(re.findall(r"(?<![\w/.-])tvjax(?:\.[A-Za-z_]\w*)+", text))
     # from tvjax.X import a, b in code blocks
     for body in python:
@@ -479,7 +479,7 @@ def test_every_tvjax_name_the_readme_mentions_exists():
 
 
 def test_readme_estimator_configs_and_overrides_exist():
-    from tvjax.estimators import REGISTRY
+    from tvjax.core.estimators import REGISTRY
 
     text = README.read_text()
     configs = {p.stem for p in ESTIMATOR_CONFIGS.glob("*.yaml")}

@@ -12,7 +12,7 @@ import pytest
 from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_python
 from hydra import compose, initialize_config_dir
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 EXPERIMENTS = ["engine_campaign", "engine_fp32_vs_bf16", "engine_topk20_vs_topk30"]
 

@@ -1,4 +1,4 @@
-"""The JAX model as an engine (tvjax.jax_engine, kind "jax"): a campaign against transformers on
+"""The JAX model as an engine (tvjax.models.jax_engine, kind "jax"): a campaign against transformers on
 SmolLM2 end to end through experiments/engine_campaign.py, the bridge's replay against its own
 sampling, and an import that changes no process state.
 
@@ -20,7 +20,7 @@ import test_engines_imports as imports_probe
 from _engine_envs import MESSAGES, ROOT, check_own_side, engine_python, require
 from hydra import compose, initialize_config_dir
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 N, LENGTH, R, TOP_K = 8, 6, 2, 20
 CROSS_TOL = 1e-3  # per-token |log p_jax - log p_transformers| at fp32 (measured ~2e-5)
@@ -87,7 +87,7 @@ def test_campaign_jax_vs_transformers(campaign):
 def bridge():
     require_smollm2()
     from tvjax.engines.tokens import prompt_ids
-    from tvjax.jax_engine import JaxBridge
+    from tvjax.models.jax_engine import JaxBridge
 
     b = JaxBridge({"kind": "jax", "name": "jax", "model": "smollm2", "dtype": "float32", "top_k": TOP_K, "seed": 0},
                   TOP_K)
@@ -121,8 +121,8 @@ def test_replay_reproduces_sampling_time_logprobs(bridge):
 
 
 def test_importing_the_jax_engine_changes_no_process_state():
-    result = imports_probe.probe("base", "tvjax.jax_engine")
-    assert result["changed"] == [], f"importing tvjax.jax_engine changed os.environ: {result['changed']}"
+    result = imports_probe.probe("base", "tvjax.models.jax_engine")
+    assert result["changed"] == [], f"importing tvjax.models.jax_engine changed os.environ: {result['changed']}"
     assert "torch" not in result["imported"] and "vllm" not in result["imported"]
     worker = imports_probe.probe("base", "tvjax.engines.worker")
     assert "jax" not in worker["imported"]                          # kind "jax" is resolved lazily
@@ -134,7 +134,7 @@ def test_a_serving_variant_samples_and_replays_as_the_language_model():
     import jax
 
     from tvjax.engines.tokens import prompt_ids
-    from tvjax.jax_engine import JaxBridge
+    from tvjax.models.jax_engine import JaxBridge
 
     require_smollm2()
     b = JaxBridge({"kind": "jax", "name": "jax_int8kv", "model": "smollm2", "top_k": TOP_K, "seed": 0,

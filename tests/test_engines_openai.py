@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_env, engine_python, run_job
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 
 def free_port() -> int:

@@ -1,12 +1,12 @@
-"""The job protocol between the campaign and the engine workers (numpy + tvjax.pools, no engine)."""
+"""The job protocol between the campaign and the engine workers (numpy + tvjax.pools.store, no engine)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from tvjax import pools
 from tvjax.engines import protocol
+from tvjax.pools import store as pools
 
 
 def test_seeds_are_deterministic_and_independent_per_pass_and_side():

@@ -20,7 +20,7 @@ from _engine_envs import (
     run_job,
 )
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 
 @pytest.fixture(scope="module")

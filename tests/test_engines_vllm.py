@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _engine_envs import EOS_ID, STOP_EOS_SCALE, build_tiny_model, check_own_side, check_stopped_pool, engine_python, run_job
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tvjax import cost
-from tvjax.estimators import Configured, plugin
-from tvjax.instances import exact_tv, random_tabular_pair
-from tvjax.oracles import Exact, LogitNoise, Noisy, Sampler
-from tvjax.schedules import Level, equal_share_schedule
-
-from studykit import ConfigError, build, build_pair, config_digest, run_study, study_view
+from tvjax.core import cost
+from tvjax.core.estimators import Configured, plugin
+from tvjax.core.instances import exact_tv, random_tabular_pair
+from tvjax.core.oracles import Exact, LogitNoise, Noisy, Sampler
+from tvjax.core.schedules import Level, equal_share_schedule
+from tvjax.studykit import ConfigError, build, build_pair, config_digest, run_study, study_view
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -129,7 +128,7 @@ def test_matplotlib_import_waits_for_the_first_program_lowered(tmp_path, monkeyp
     """run_study starts matplotlib's import thread once the study's first program is lowered (its
     compile, which releases the GIL, follows), not beside the tracing and lowering that hold the
     GIL; once only, and not after the study."""
-    import studykit
+    from tvjax import studykit
 
     started = []  # the lowering seconds seen when the import started
     monkeypatch.setattr(studykit, "preload_matplotlib", lambda: started.append(studykit._compile_seconds["lowering"]))
@@ -218,9 +217,9 @@ def test_estimate_app_runs_and_every_group_option_builds(tmp_path):
 
 def test_bad_configs_fail_clearly():
     with pytest.raises(ConfigError, match="unknown estimator"):
-        build({"_target_": "tvjax.estimators.configured", "name": "magic", "sizes": {}})
+        build({"_target_": "tvjax.core.estimators.configured", "name": "magic", "sizes": {}})
     with pytest.raises(ConfigError, match="takes sizes"):
-        build({"_target_": "tvjax.estimators.configured", "name": "plugin", "sizes": {"num_samples": 3}})
+        build({"_target_": "tvjax.core.estimators.configured", "name": "plugin", "sizes": {"num_samples": 3}})
     with pytest.raises(ConfigError, match="no parameter"):
         build_pair(composed("config").instance, K=4)
     with pytest.raises(ConfigError, match=r"needs the config key\(s\) \['study'\]: pick one"):

@@ -14,16 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tvjax.instances import paper_block_pair, random_tabular_pair
-from tvjax.oracles import Exact, Noisy, Sampler
-from tvjax.schedules import Level, Samples, Schedule
-from tvjax.studies import job_key, random_words, runs_over_floor
+from tvjax.core.instances import paper_block_pair, random_tabular_pair
+from tvjax.core.oracles import Exact, Noisy, Sampler
+from tvjax.core.schedules import Level, Samples, Schedule
+from tvjax.core.studies import job_key, random_words, runs_over_floor
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys
 import jax, jax.numpy as jnp
-from tvjax.programs import enable_compilation_cache
+from tvjax.core.programs import enable_compilation_cache
 events = {"hits": 0, "misses": 0}
 names = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
 def count(event, **_):
@@ -72,12 +72,12 @@ def test_opting_out_writes_nothing(tmp_path):
 SAVED_PROBE = """
 import json, sys
 import jax, numpy as np
-import tvjax.programs as programs
-from tvjax.estimators import lookup
-from tvjax.instances import paper_block_pair
-from tvjax.oracles import Noisy
-from tvjax.schedules import Schedule
-from tvjax.studies import replicate
+import tvjax.core.programs as programs
+from tvjax.core.estimators import lookup
+from tvjax.core.instances import paper_block_pair
+from tvjax.core.oracles import Noisy
+from tvjax.core.schedules import Schedule
+from tvjax.core.studies import replicate
 events = {"loads": 0, "compiles": 0}
 def count(event, duration, **_):
     if event == programs.LOAD_EVENT:
@@ -127,7 +127,7 @@ def test_saved_programs_skip_tracing_and_miss_when_anything_that_decides_them_ch
 
 
 def test_saved_programs_are_off_with_the_cache_and_for_code_outside_tvjax(tmp_path):
-    from tvjax.studies import _replicated
+    from tvjax.core.studies import _replicated
 
     off = saved_probe("off")
     assert off["loads"] == 0 and not list(tmp_path.rglob("executables/*"))
@@ -180,7 +180,7 @@ def test_random_words_counts_samples_and_drawn_sums():
 def test_runs_over_floor_times_each_run_between_two_floor_draws(monkeypatch):
     """floor, run, floor, run, ..., floor: each run is divided by the mean of the two draws beside
     it, and the median of those ratios is reported (times from a scripted clock, not this machine)."""
-    from tvjax import studies
+    from tvjax.core import studies
 
     draws = iter([1.0, 3.0, 2.0, 6.0])  # the floor draws' seconds, in order
     monkeypatch.setattr(studies, "_floor_draw", lambda words, chunk, seed: next(draws))
@@ -196,7 +196,7 @@ def test_runs_over_floor_times_each_run_between_two_floor_draws(monkeypatch):
 def test_runs_over_floor_counts_the_seconds_a_run_reports(monkeypatch):
     """A run that reports its runs' seconds (a study's wall time less the programs it loaded or
     compiled) is counted at those seconds, not at its wall time."""
-    from tvjax import studies
+    from tvjax.core import studies
 
     draws = iter([2.0, 2.0, 4.0])
     monkeypatch.setattr(studies, "_floor_draw", lambda words, chunk, seed: next(draws))
@@ -211,7 +211,7 @@ def test_runs_over_floor_counts_the_seconds_a_run_reports(monkeypatch):
 def test_random_floor_draws_every_word_once_compiled():
     """The floor's program draws ceil(words / chunk) chunks, compiled before any timed draw: the
     xor of the chunks' largest words, over as many chunks as asked."""
-    from tvjax import studies
+    from tvjax.core import studies
 
     draw = studies._word_drawer(64)
     one, two = (int(draw(jax.random.key(5), steps)) for steps in (1, 2))
@@ -223,7 +223,7 @@ def test_random_floor_draws_every_word_once_compiled():
 def test_released_programs_give_back_their_memory_mappings(monkeypatch):
     """Each XLA:CPU executable holds memory mappings until JAX's caches drop it; past the share of
     the kernel's limit `release_programs` drops them all, below it (or without /proc) none."""
-    from tvjax import programs
+    from tvjax.core import programs
 
     held, limit = programs.memory_maps()
     assert 0 < held < limit
@@ -246,7 +246,7 @@ def test_released_programs_give_back_their_memory_mappings(monkeypatch):
 def test_compiler_options_keep_only_what_the_backend_accepts():
     """An option the backend does not know (the CPU's on a GPU, one a newer XLA retired) is left
     out instead of failing every compile; the ones it knows are kept."""
-    from tvjax.programs import COMPILER_OPTIONS, compiler_options
+    from tvjax.core.programs import COMPILER_OPTIONS, compiler_options
 
     wanted = {**COMPILER_OPTIONS, "xla_tvjax_no_such_option": True}
     with pytest.raises(Exception, match="No such compile option"):

@@ -22,14 +22,14 @@ from _engine_envs import MESSAGES, ROOT, engine_python, require, run_in
 from scipy import stats
 
 import tvjax
+from tvjax.core.instances import enumerate_tv
+from tvjax.core.oracles import Exact, Sampler
+from tvjax.core.streaming import memory_chunk
 from tvjax.engines.models import smollm2_gguf
-from tvjax.instances import enumerate_tv
 from tvjax.models import ModelConfig, check_lm_pair, language_model, load_gguf, load_hf_folder, load_smollm2, random_model
 from tvjax.models.config import config_from_hf
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import hf_weights, save_hf_folder, split_from_hf_weights, unpermute_rope
-from tvjax.oracles import Exact, Sampler
-from tvjax.streaming import memory_chunk
 
 RANDOM_CONFIGS = {
     # GQA everywhere; Qwen3 with head_dim != hidden / heads and attention biases (q, k, v and o).
@@ -249,7 +249,7 @@ def test_eos_stop_ends_a_row_at_its_first_eos_and_pads():
     lm = language_model(model, [1, 2], 6, eos_ids=(2, 4), eos="stop")
     rows = np.asarray(lm.sample(jax.random.key(8), 4096))
     logp = np.asarray(lm.path_logprobs(rows))
-    lengths = np.asarray(tvjax.currency.trajectory_lengths(rows, lm.eos_ids))
+    lengths = np.asarray(tvjax.core.currency.trajectory_lengths(rows, lm.eos_ids))
     after = np.arange(lm.n)[None, :] >= lengths[:, None]
     assert 0 < after.mean() < 1 and np.all(rows[after] == 2) and np.all(logp[after] == 0.0)
     assert np.all(np.isfinite(logp)) and lm.max_support == TINY.vocab_size

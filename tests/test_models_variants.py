@@ -29,7 +29,7 @@ from scipy import stats
 from test_models import RANDOM_CONFIGS, TINY, _all_sequences, _write_gguf
 
 import tvjax
-from tvjax.instances import enumerate_tv
+from tvjax.core.instances import enumerate_tv
 from tvjax.models import (
     ModelConfig,
     Serving,

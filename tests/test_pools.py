@@ -13,7 +13,7 @@ import pytest
 import zarr
 from numcodecs.zstd import Zstd
 
-from tvjax.pools import (
+from tvjax.pools.store import (
     FORMAT_VERSION,
     PoolError,
     PoolWriter,
@@ -245,7 +245,7 @@ def test_format_version_mismatch_is_refused(tmp_path):
 
 
 def test_pools_module_imports_no_jax():
-    code = "import sys, tvjax.pools; assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules)"
+    code = "import sys, tvjax.pools.store; assert not any(m == 'jax' or m.startswith('jax.') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -400,7 +400,7 @@ def stopping_writer(path):
 
 
 def test_stopping_pool_round_trip_with_lengths(tmp_path):
-    from tvjax.pools import pad_stopped, read_lengths
+    from tvjax.pools.store import pad_stopped, read_lengths
 
     writer = stopping_writer(tmp_path / "p")
     assert writer.spec.eos_ids == (2, 7) and writer.spec.stops
@@ -422,7 +422,7 @@ def test_stopping_pool_round_trip_with_lengths(tmp_path):
 
 
 def test_fixed_length_pools_have_length_n_and_refuse_lengths(tmp_path):
-    from tvjax.pools import read_lengths
+    from tvjax.pools.store import read_lengths
 
     run_campaign(tmp_path / "p")
     assert load_pool(tmp_path / "p").lengths["pi"].tolist() == [n] * N and read_lengths(tmp_path / "p", "mu").tolist() == [n] * N
@@ -463,7 +463,7 @@ def test_stopping_pool_refuses_rows_without_or_against_their_lengths(tmp_path):
 
 
 def test_stopping_pool_refuses_draws_before_tokens_and_draws_past_the_end(tmp_path):
-    from tvjax.pools import pad_readout
+    from tvjax.pools.store import pad_readout
 
     writer = stopping_writer(tmp_path / "p")
     tokens, lengths = stopping_rows()

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tvjax.api import estimate_tv
-from tvjax.instances import coin_pair, exact_tv, paper_block_pair, random_tabular_pair
-from tvjax.sequential import GRID_SIZE, anytime_tv, betting_interval, betting_pieces, betting_start, gate
+from tvjax.audit.sequential import GRID_SIZE, anytime_tv, betting_interval, betting_pieces, betting_start, gate
+from tvjax.core.api import estimate_tv
+from tvjax.core.instances import coin_pair, exact_tv, paper_block_pair, random_tabular_pair
 
 DELTA = 0.05
 
@@ -183,7 +183,7 @@ def test_gate_on_trajectories_that_stop_spends_queries_on_real_positions():
     below the TV and PASSes the pair against itself; each observation's queries count the real
     positions of its two trajectories (sampling and scoring under both models: 3 per position),
     fewer than the fixed-length 2 x 3 n."""
-    from tvjax.instances import stopping_tabular_pair
+    from tvjax.core.instances import stopping_tabular_pair
 
     pi, mu = stopping_tabular_pair(seed=1, n=8, stop_prob=(0.2, 0.3))
     truth = exact_tv(pi, mu)
@@ -203,9 +203,9 @@ def test_gate_on_trajectories_that_stop_spends_queries_on_real_positions():
 def gate_pools(tmp_path_factory):
     """Synthetic pools with known TV: exact replay (every pass equal) of a block pair and of pi
     against itself, and noisy replay (Noisy(0.05), 8 passes) of the block pair."""
-    from tvjax.instances import block_pair
-    from tvjax.oracles import Exact, Noisy
-    from tvjax.synthetic_pool import write_synthetic_pool
+    from tvjax.core.instances import block_pair
+    from tvjax.core.oracles import Exact, Noisy
+    from tvjax.pools.synthetic import write_synthetic_pool
 
     pi, mu = block_pair(seed=10, n=64, block_bits=8, alpha=0.3)
     folder = tmp_path_factory.mktemp("gate_pools")
@@ -216,8 +216,8 @@ def gate_pools(tmp_path_factory):
 
 
 def test_gate_on_pools_decides_from_stored_rows(gate_pools):
-    from tvjax.pools import load_pool
-    from tvjax.sequential import gate_pool
+    from tvjax.audit.sequential import gate_pool
+    from tvjax.pools.store import load_pool
 
     folder, truth = gate_pools
     far = gate_pool(load_pool(folder / "exact"), tau=0.2, round_size=256)
@@ -234,8 +234,8 @@ def test_gate_on_a_noisy_pool_bounds_the_bias_and_reports_the_noise_floor(gate_p
     """Non-deterministic replay: the plug-in over the 8 passes with its bias bound (the interval
     still holds the truth) and, beside the verdict, each scorer's A/A control: its own passes in
     two halves, whose TV is 0 and whose estimate shows the replay noise at r = 4."""
-    from tvjax.pools import load_pool
-    from tvjax.sequential import gate_pool
+    from tvjax.audit.sequential import gate_pool
+    from tvjax.pools.store import load_pool
 
     folder, truth = gate_pools
     result = gate_pool(load_pool(folder / "noisy"), tau=0.2, round_size=256)
@@ -248,8 +248,8 @@ def test_gate_on_a_noisy_pool_bounds_the_bias_and_reports_the_noise_floor(gate_p
 
 
 def test_gate_on_pools_refuses_bad_input(gate_pools, tmp_path):
-    from tvjax.pools import load_pool
-    from tvjax.sequential import gate_pool
+    from tvjax.audit.sequential import gate_pool
+    from tvjax.pools.store import load_pool
 
     folder, _ = gate_pools
     pool = load_pool(folder / "exact")

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, jax, numpy as np, tvjax
     from tvjax import Level, Samples, Schedule
-    from tvjax.sharding import trajectory_mesh
+    from tvjax.core.sharding import trajectory_mesh
 
     pi, mu = tvjax.paper_block_pair()
     tab_pi, tab_mu = tvjax.random_tabular_pair(seed=1, vocab_size=3, n=5, top_k=(2, None))
@@ -81,7 +81,7 @@ def test_sharded_matches_single_device(two_device_results, name):
 def test_shard_rows_is_identity_without_mesh():
     import jax.numpy as jnp
 
-    from tvjax.sharding import shard_rows
+    from tvjax.core.sharding import shard_rows
 
     x = jnp.arange(6.0).reshape(3, 2)
     assert shard_rows(x) is x

@@ -1,69 +1,43 @@
 """tvjax: total variation distance between autoregressive models.
 
-The public API is flat and loaded lazily, so that `tvjax.pools` and `tvjax.engines`
-(which run inside inference engines' own Python environments) import without JAX.
+The package is grouped by role:
+
+* `tvjax.core`: the estimation core in JAX (processes with known TV, access models, sizes,
+  estimators, `estimate_tv`, repeated estimates);
+* `tvjax.pools`: the on-disk currency (`store`, no JAX), pools from synthetic processes
+  (`synthetic`), the appendix-B analyses (`analysis`) and the pool report (`report`);
+* `tvjax.audit`: decisions about a pair: anytime-valid estimates and the gate (`sequential`),
+  text-only lower bounds (`distinguish`);
+* `tvjax.models`: real language models in Flax NNX and the JAX engine that scores them into pools;
+* `tvjax.engines`: replay-scoring bridges that run inside torch engines' own environments (no JAX);
+* `tvjax.studykit`: what the Hydra apps of experiments/ share; `tvjax.cli`: `python -m tvjax`.
+
+The public names below are re-exported here explicitly and loaded on first use, so that
+`tvjax.pools.store` and `tvjax.engines` import without JAX and a bare install imports no extra.
 """
 
 import importlib
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    # instances
-    "BlockProcess": "tvjax.instances",
-    "RareEscapeProcess": "tvjax.instances",
-    "CoinProcess": "tvjax.instances",
-    "TabularProcess": "tvjax.instances",
-    "paper_block_pair": "tvjax.instances",
-    "block_pair": "tvjax.instances",
-    "rare_escape_pair": "tvjax.instances",
-    "rare_escape_uniform_pair": "tvjax.instances",
-    "coin_pair": "tvjax.instances",
-    "stopping_tabular_pair": "tvjax.instances",
-    "random_tabular_pair": "tvjax.instances",
-    "exact_tv": "tvjax.instances",
-    # oracles
-    "Exact": "tvjax.oracles",
-    "Noisy": "tvjax.oracles",
-    "LogitNoise": "tvjax.oracles",
-    "Sampler": "tvjax.oracles",
-    # currency
-    "mixture_z": "tvjax.currency",
-    "likelihood_ratio_term": "tvjax.currency",
-    # sizes and schedules
-    "Samples": "tvjax.schedules",
-    "Level": "tvjax.schedules",
-    "Schedule": "tvjax.schedules",
-    "paper_schedule": "tvjax.schedules",
-    "pad_schedule": "tvjax.schedules",
-    # estimators
-    "REGISTRY": "tvjax.estimators",
-    "lookup": "tvjax.estimators",
-    "configured": "tvjax.estimators",
-    "Estimate": "tvjax.estimators",
-    "LevelStats": "tvjax.estimators",
-    "KLEstimate": "tvjax.estimators",
-    "likelihood_ratio": "tvjax.estimators",
-    "plugin": "tvjax.estimators",
-    "multilevel": "tvjax.estimators",
-    "plugin_kl": "tvjax.estimators",
-    "k3_pinsker": "tvjax.estimators",
-    "summarize_levels": "tvjax.estimators",
-    # repeated estimates
-    "replicate": "tvjax.studies",
-    # pools and their analyses
-    "create_pool": "tvjax.pools",
-    "load_pool": "tvjax.pools",
-    "PoolError": "tvjax.pools",
-    "write_synthetic_pool": "tvjax.synthetic_pool",
-    # front door
-    "TVEstimate": "tvjax.api",
-    "confidence_interval": "tvjax.api",
-    "estimate_tv": "tvjax.api",
+_PUBLIC = {  # module -> the names it exports here
+    "tvjax.core.instances": ("BlockProcess", "RareEscapeProcess", "CoinProcess", "TabularProcess", "paper_block_pair",
+                             "block_pair", "rare_escape_pair", "rare_escape_uniform_pair", "coin_pair",
+                             "stopping_tabular_pair", "random_tabular_pair", "exact_tv"),
+    "tvjax.core.oracles": ("Exact", "Noisy", "LogitNoise", "Sampler"),
+    "tvjax.core.currency": ("mixture_z", "likelihood_ratio_term"),
+    "tvjax.core.schedules": ("Samples", "Level", "Schedule", "paper_schedule", "pad_schedule"),
+    "tvjax.core.estimators": ("REGISTRY", "lookup", "configured", "Estimate", "LevelStats", "KLEstimate", "likelihood_ratio",
+                              "plugin", "multilevel", "plugin_kl", "k3_pinsker", "summarize_levels"),
+    "tvjax.core.studies": ("replicate"),
+    "tvjax.pools.store": ("create_pool", "load_pool", "PoolError"),
+    "tvjax.pools.synthetic": ("write_synthetic_pool"),
+    "tvjax.core.api": ("TVEstimate", "confidence_interval", "estimate_tv"),
+    "tvjax.audit.sequential": ("anytime_tv", "gate", "gate_pool"),
 }
+_EXPORTS = {name: module for module, names in _PUBLIC.items() for name in names}
 
-MODULES = {"instances", "oracles", "currency", "cost", "schedules", "streaming", "programs", "estimators", "studies",
-           "api", "pools", "synthetic_pool", "analysis", "report", "engines", "jsonable", "sharding", "validate", "models"}
+SUBPACKAGES = ("core", "pools", "audit", "models", "engines", "studykit", "cli")
 
 __all__ = sorted(_EXPORTS)
 
@@ -73,10 +47,10 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
-    if name in MODULES:
+    if name in SUBPACKAGES:
         return importlib.import_module(f"tvjax.{name}")
     raise AttributeError(f"module 'tvjax' has no attribute {name!r}")
 
 
 def __dir__():
-    return __all__
+    return sorted(__all__ + list(SUBPACKAGES))

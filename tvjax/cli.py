@@ -9,11 +9,11 @@ import time
 
 import jax
 
-from tvjax.api import estimate_tv
-from tvjax.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
-from tvjax.jsonable import to_jsonable
-from tvjax.programs import enable_compilation_cache
-from tvjax.sequential import gate, gate_pool
+from tvjax.audit.sequential import gate, gate_pool
+from tvjax.core.api import estimate_tv
+from tvjax.core.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
+from tvjax.core.jsonable import to_jsonable
+from tvjax.core.programs import enable_compilation_cache
 
 ACCESS_ROWS = (("exact", "exact logits"), ("noisy", "noisy logits, sigma={sigma}"), ("sampler", "sample-only"))
 
@@ -107,7 +107,7 @@ def gate_pair(args):
 
 
 def _gate_pool(args, progress):
-    from tvjax.pools import PoolError, load_pool  # zarr only for pools
+    from tvjax.pools.store import PoolError, load_pool  # zarr only for pools
 
     try:
         pool = load_pool(args.pool, load_topk=False)
@@ -195,7 +195,7 @@ def gate_main(argv):
 
 def text_tokenizer(spec):
     """'bytes' (UTF-8 bytes: any endpoint) or a model spec whose tokenizer tvjax.models loads."""
-    from tvjax.distinguish import ByteTokenizer
+    from tvjax.audit.distinguish import ByteTokenizer
 
     if spec == "bytes":
         return ByteTokenizer()
@@ -229,7 +229,7 @@ def distinguish_main(argv):
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from tvjax.distinguish import distinguish_texts
+    from tvjax.audit.distinguish import distinguish_texts
     from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: urllib and numpy
     from tvjax.engines.protocol import EngineError
 

@@ -7,7 +7,7 @@ another, and importing one changes no process state (engines are imported when a
 Modules:
   replay         torch arithmetic of one replay step (top-k with ties, renormalization, forcing)
   readouts       the same renormalization in numpy, from top-K readouts (prompt log-probs, HTTP servers)
-  protocol       job files, seeds, the bridge interface, the shard scheme and writer (numpy + tvjax.pools)
+  protocol       job files, seeds, the bridge interface, the shard scheme and writer (numpy + tvjax.pools.store)
   tokens         chat-templated prompt ids, EOS ids and tokenizer loading, shared by every bridge
   hf             transformers bridge (dtype, attention implementation, SDPA backend, top-k)
   vllm_bridge    vLLM V1 bridge through its logits-processor interface

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from tvjax.engines import replay
-from tvjax.engines.models import resolve
+from tvjax.engines.models import load_tokenizer, resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
-from tvjax.engines.tokens import eos_ids, load_tokenizer
+from tvjax.engines.tokens import eos_ids
 
 SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION"}

@@ -56,6 +56,14 @@ def resolve(model: str) -> tuple[Path, str | None]:
     raise ModelNotFound(f"model {model!r} is neither 'smollm2', a .gguf file, nor a folder with config.json")
 
 
+def load_tokenizer(model: str):
+    """The transformers tokenizer of a model spec ('smollm2', a .gguf file or a model folder)."""
+    from transformers import AutoTokenizer
+
+    folder, gguf = resolve(model)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+
+
 def converted_dir(model: str) -> Path:
     """Cache folder of the safetensors conversion of a GGUF model (see `convert_gguf`)."""
     folder, gguf = resolve(model)
@@ -77,8 +85,6 @@ def convert_gguf(model: str) -> Path:
     if (out / "config.json").is_file():
         return out
     from transformers import AutoModelForCausalLM
-
-    from tvjax.engines.tokens import load_tokenizer  # imports this module: not at the top
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model_obj = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype="float32")

@@ -38,9 +38,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tvjax.engines.models import load_tokenizer
 from tvjax.engines.protocol import EngineError, Sampled, Scored, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories, score_trajectory
-from tvjax.engines.tokens import eos_ids, generation_config_eos, load_tokenizer
+from tvjax.engines.tokens import eos_ids, generation_config_eos
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 

@@ -1,4 +1,4 @@
-"""The contract between the campaign runner and the engine workers (numpy + tvjax.pools only).
+"""The contract between the campaign runner and the engine workers (numpy + tvjax.pools.store only).
 
 A job is a JSON file naming one engine configuration, one pool and a list of tasks that the worker
 runs in a single engine session:
@@ -16,7 +16,7 @@ in the pool; its `seed` is the base seed of the side it samples.
 
 EOS (engine config key `eos`, `Eos`): "suppress" (the default, the paper's protocol) gives the EOS
 ids no mass, so every trajectory has exactly n tokens, in a fixed-length pool; "stop" lets EOS be
-sampled and ends a row at its first EOS id, in a pool created with those `eos_ids` (tvjax.pools):
+sampled and ends a row at its first EOS id, in a pool created with those `eos_ids` (tvjax.pools.store):
 the row is padded with eos_ids[0] to n, its length is stored, the EOS step is scored like any other
 (EOS not banned: its probability is part of the record) and every position after it is the
 deterministic pad (`pad_scored`). An engine whose mode or EOS ids differ from the pool's is refused
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from tvjax import pools
+from tvjax.pools import store as pools
 
 SCORINGS = ("replay", "sequence")
 EOS_MODES = ("suppress", "stop")

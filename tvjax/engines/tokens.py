@@ -1,7 +1,8 @@
 """Tokenizer facts every bridge needs: the chat-templated prompt and the EOS ids (suppressed under
 eos=suppress, where rows stop under eos=stop; see tvjax.engines.protocol.Eos).
 
-Imports neither torch nor JAX. transformers is imported only when a tokenizer is loaded, because
+Imports neither torch nor JAX. transformers is imported only when a tokenizer is loaded
+(`tvjax.engines.models.load_tokenizer`), because
 importing it pulls in torch wherever torch is installed; its tokenizer classes themselves work
 without torch, so the HTTP bridge needs no torch.
 """
@@ -10,16 +11,8 @@ from __future__ import annotations
 
 import json
 
-from tvjax.engines.models import resolve
+from tvjax.engines.models import load_tokenizer, resolve
 from tvjax.engines.protocol import EngineError
-
-
-def load_tokenizer(model: str):
-    """The transformers tokenizer of a model spec ('smollm2', a .gguf file or a model folder)."""
-    from transformers import AutoTokenizer
-
-    folder, gguf = resolve(model)
-    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

@@ -22,16 +22,16 @@ import importlib
 import json
 from pathlib import Path
 
-from tvjax import pools
 from tvjax.engines.protocol import check_eos, load_job, run_tasks
 from tvjax.engines.tokens import prompt_ids
+from tvjax.pools import store as pools
 
 BRIDGES = {
     "transformers": ("tvjax.engines.hf", "TransformersBridge"),
     "vllm": ("tvjax.engines.vllm_bridge", "VLLMBridge"),
     "sglang": ("tvjax.engines.sglang_bridge", "SGLangBridge"),
     "openai": ("tvjax.engines.openai_bridge", "OpenAIBridge"),
-    "jax": ("tvjax.jax_engine", "JaxBridge"),  # the JAX model (tvjax.models), outside tvjax.engines: it imports JAX
+    "jax": ("tvjax.models.jax_engine", "JaxBridge"),  # the JAX model (tvjax.models), outside tvjax.engines: it imports JAX
 }
 
 
@@ -63,7 +63,7 @@ def describe_eos(config: dict) -> list[int]:
     if config["kind"] not in BRIDGES:
         raise ValueError(f"unknown engine kind {config['kind']!r}; known: {sorted(BRIDGES)}")
     if config["kind"] == "jax":
-        return importlib.import_module("tvjax.jax_engine").model_eos_ids(str(config["model"]))
+        return importlib.import_module("tvjax.models.jax_engine").model_eos_ids(str(config["model"]))
     from tvjax.engines.tokens import model_eos_ids
 
     return model_eos_ids(str(config["model"]))

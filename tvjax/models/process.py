@@ -179,7 +179,7 @@ class LanguageModel:
     sampling: Sampling
     eos_ids: tuple
     serving: Serving
-    max_chunk_rows: int  # tvjax.streaming.memory_chunk never puts more rows in one chunk
+    max_chunk_rows: int  # tvjax.core.streaming.memory_chunk never puts more rows in one chunk
     vocab_id: Optional[str]  # the tokenizer's vocabulary hash (None without a tokenizer)
     source: Optional[str]  # the GGUF file of the weights (None: not from a GGUF file)
     eos: str = "suppress"  # "suppress": EOS ids get no mass (the paper's n tokens); "stop": a row ends at EOS
