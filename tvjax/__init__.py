@@ -29,9 +29,9 @@ _PUBLIC = {  # module -> the names it exports here
     "tvjax.core.schedules": ("Samples", "Level", "Schedule", "paper_schedule", "pad_schedule"),
     "tvjax.core.estimators": ("REGISTRY", "lookup", "configured", "Estimate", "LevelStats", "KLEstimate", "likelihood_ratio",
                               "plugin", "multilevel", "plugin_kl", "k3_pinsker", "summarize_levels"),
-    "tvjax.core.studies": ("replicate"),
+    "tvjax.core.studies": ("replicate",),
     "tvjax.pools.store": ("create_pool", "load_pool", "PoolError"),
-    "tvjax.pools.synthetic": ("write_synthetic_pool"),
+    "tvjax.pools.synthetic": ("write_synthetic_pool",),
     "tvjax.core.api": ("TVEstimate", "confidence_interval", "estimate_tv"),
     "tvjax.audit.sequential": ("anytime_tv", "gate", "gate_pool"),
 }

@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from tvjax.audit.sequential import gate, gate_pool
+from tvjax._extras import MissingExtra
 from tvjax.core.api import estimate_tv
 from tvjax.core.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
 from tvjax.core.jsonable import to_jsonable
@@ -86,7 +86,7 @@ PAIRS = {
     "block": "the paper's block pair (TV 0.388)",
     "identical": "the paper block's pi against itself (TV 0)",
     "coins": "64 independent coins Bern(1/2 +- 0.25/8) (TV 0.382)",
-    "stopping": "a tabular pair whose trajectories stop at EOS (n=6, stop 0.2 vs 0.3)",
+    "stopping": "a tabular pair whose trajectories stop at EOS (n=6, EOS probability 0.2 vs 0.3)",
     "lm": "two serving variants of a language model (--model, --pi/--mu KEY=VALUE)",
 }
 
@@ -107,6 +107,7 @@ def gate_pair(args):
 
 
 def _gate_pool(args, progress):
+    from tvjax.audit.sequential import gate_pool
     from tvjax.pools.store import PoolError, load_pool  # zarr only for pools
 
     try:
@@ -173,6 +174,8 @@ def gate_main(argv):
         if args.pool is not None:
             result = _gate_pool(args, progress)
         else:
+            from tvjax.audit.sequential import gate  # the audit layer (and the pools extra) only for the gate
+
             pi, mu = gate_pair(args)
             budget = 1e9 if args.budget is None else args.budget
             result = gate(jax.random.key(args.seed), pi, mu, args.tau, args.delta, budget, args.access,
@@ -230,7 +233,7 @@ def distinguish_main(argv):
     from pathlib import Path
 
     from tvjax.audit.distinguish import distinguish_texts
-    from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: urllib and numpy
+    from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: httpx and numpy
     from tvjax.engines.protocol import EngineError
 
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
@@ -255,10 +258,13 @@ def distinguish_main(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["gate"]:
-        sys.exit(gate_main(argv[1:]))
-    if argv[:1] == ["distinguish"]:
-        sys.exit(distinguish_main(argv[1:]))
+    subcommands = {"gate": gate_main, "distinguish": distinguish_main}
+    if argv[:1] and argv[0] in subcommands:
+        try:
+            sys.exit(subcommands[argv[0]](argv[1:]))
+        except MissingExtra as error:  # an optional feature without its extra: one line, the bad-input exit 3
+            print(f"tvjax {argv[0]}: error: {error}", file=sys.stderr)
+            sys.exit(3)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eps", type=_number(0.0, 1.0), default=0.05, help="target accuracy, in (0, 1)")

@@ -32,6 +32,12 @@ from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
+
+from tvjax._extras import require
+
+require("hydra", "experiments", "tvjax's Hydra studies")
+require("matplotlib", "experiments", "tvjax's Hydra studies")
+
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback

@@ -28,12 +28,14 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-import torch
 
+from tvjax._extras import require
 from tvjax.engines import replay
 from tvjax.engines.models import load_tokenizer, resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
 from tvjax.engines.tokens import eos_ids
+
+torch = require("torch", "engines", "the torch-side engine bridges")
 
 SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION"}

@@ -25,9 +25,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
+from tvjax._extras import require
 from tvjax.engines.protocol import Scored
+
+torch = require("torch", "engines", "the torch-side engine bridges")
 
 NEG_INF = float("-inf")
 

@@ -27,19 +27,21 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from tvjax._extras import require
 from tvjax.engines import replay
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories
 from tvjax.engines.tokens import eos_ids
+
+torch = require("torch", "engines", "the torch-side engine bridges")
 
 
 def process_batch(logits: torch.Tensor, params: list[dict | None], steps: list[int]
                   ) -> tuple[torch.Tensor, dict[int, replay.StepRecord]]:
     """One SGLang decode step for a batch: EOS suppression for every row with tvjax params, and for
     each row (replay or sample mode) a record of its renormalized top-k log-softmax taken before any
-    forcing; replay rows are then forced to params['targets'][step].
+    forcing; replay rows are then forced to `params['targets'][step]`.
 
     params[i]: None (row untouched) or {"mode": "sample"|"replay", "k", "banned", "width",
     "targets" (replay)}; steps[i]: number of tokens the row's request has generated so far.

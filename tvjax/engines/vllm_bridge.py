@@ -38,13 +38,15 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import torch
 
+from tvjax._extras import require
 from tvjax.engines import replay
 from tvjax.engines.models import converted_dir
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories
 from tvjax.engines.tokens import eos_ids
+
+torch = require("torch", "engines", "the torch-side engine bridges")
 
 Records = dict[str, list[replay.StepRecord]]  # request key -> per-step records of a replayed request
 

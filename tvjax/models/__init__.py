@@ -1,14 +1,20 @@
 """Real language models in JAX (Flax NNX): Llama (SmolLM2), Qwen2 and Qwen3 decoders loaded from
 GGUF files, Hugging Face folders or random weights, and a language model as a tvjax process.
 
-  config       ModelConfig: the shape of a model, from config.json or GGUF metadata
-  transformer  the NNX modules (layers stacked and scanned) and `forward` on a split model
-  weights      loaders -> LoadedModel (graphdef, state, tokenizer); GGUF dequantizing; HF export
-  tokenizer    byte-level BPE from GGUF metadata, chat templates (jinja2)
-  quantize     int8 / int4 weight quantizers, GGUF block decoding, the int8 KV-cache format
-  process      LanguageModel: continuations of a prompt as a process; variants (Sampling,
+Modules:
+  config:      ModelConfig: the shape of a model, from config.json or GGUF metadata
+  transformer: the NNX modules (layers stacked and scanned) and `forward` on a split model
+  weights:     loaders -> LoadedModel (graphdef, state, tokenizer); GGUF dequantizing; HF export
+  tokenizer:   byte-level BPE from GGUF metadata, chat templates (jinja2)
+  quantize:    int8 / int4 weight quantizers, GGUF block decoding, the int8 KV-cache format
+  process:     LanguageModel: continuations of a prompt as a process; variants (Sampling,
                Serving: dtype, weight format, KV-cache dtype, attention chunking) share weights
 """
+
+from tvjax._extras import require
+
+for _package in ("flax", "tokenizers", "jinja2", "gguf", "safetensors"):
+    require(_package, "models", "language models in JAX")
 
 from tvjax.models.config import ModelConfig
 from tvjax.models.process import (

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tvjax._extras import require
 from tvjax.core.jsonable import to_jsonable
 from tvjax.pools import analysis as A
 from tvjax.pools.store import PoolError, load_pool
@@ -38,7 +39,7 @@ def _ok(result) -> bool:
 
 def _figure(path: Path, draw, xlabel: str, ylabel: str, title: str, logx: int | None = None, logy=False) -> str:
     """Draw one labeled plot with a legend into `path` (logx: the base of a log x axis, or None)."""
-    import matplotlib
+    matplotlib = require("matplotlib", "plot", "the pool report's figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

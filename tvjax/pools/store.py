@@ -58,8 +58,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-import zarr
-from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from tvjax._extras import require
+
+zarr = require("zarr", "pools", "score pools")
 
 # 2: chunks carry a crc32c checksum (version 1 pools have none and are refused: recreate them)
 FORMAT_VERSION = 2
@@ -67,7 +69,7 @@ SIDES = ("pi", "mu")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _COMMITS = "commits"
 # zarr's default zstd, then a checksum of the stored bytes: damage is caught before decompression
-_COMPRESSORS = (ZstdCodec(level=0, checksum=False), Crc32cCodec())
+_COMPRESSORS = (zarr.codecs.ZstdCodec(level=0, checksum=False), zarr.codecs.Crc32cCodec())
 _AXES = ("rows", "positions", "passes", "top-k")
 
 
@@ -109,8 +111,8 @@ class Pool(NamedTuple):
     """A loaded pool: numpy arrays of the currency plus metadata.
 
     tokens[side]: int32 [N_s, n]; sample_logprobs[side]: float32 [N_s, n] (None if not stored);
-    logprobs[side][scorer]: float32 [N_s, n, R'] realized-token log-probability draws;
-    topk_ids[side][scorer]: int32 [N_s, n, R', k] and topk_logprobs[side][scorer]: float32
+    `logprobs[side][scorer]`: float32 [N_s, n, R'] realized-token log-probability draws;
+    `topk_ids[side][scorer]`: int32 [N_s, n, R', k] and `topk_logprobs[side][scorer]`: float32
     [N_s, n, R', k] (None if not stored); rows[side]: indices of the loaded trajectories
     (all of 0..N-1 for a complete load); passes: indices of the loaded passes (0..R-1 when complete);
     lengths[side]: int32 [N_s] real positions of each trajectory (n throughout a fixed-length pool).
@@ -689,7 +691,7 @@ def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarra
         raise PoolError(f"array {name} is missing from the pool") from e
     if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
         raise PoolError(f"array {name}: expected shape {tuple(shape)} {dtype}, found {tuple(arr.shape)} {arr.dtype}")
-    if not any(isinstance(c, Crc32cCodec) for c in arr.metadata.codecs):
+    if not any(isinstance(c, zarr.codecs.Crc32cCodec) for c in arr.metadata.codecs):
         raise PoolError(f"array {name}: stored without the crc32c checksum codec (not written by this tvjax)")
     index = (rows, None, passes, None)[:len(shape)]
     chunks = _chunk_grid(arr, index)

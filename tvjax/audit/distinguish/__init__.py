@@ -10,11 +10,17 @@ probability >= 1 - delta. Nothing but samples is needed: no log-probabilities.
     result = distinguish(jax.random.key(1), pi_samples, mu_samples, classifier="ngram", delta=0.05)
     result.lower_bound, result.estimate      # TV >= lower_bound at confidence 95%
 
-  bounds       clopper_pearson_lower / _upper, tv_lower_bound (float64, no scipy)
-  samples      TokenSamples and its sources: arrays, texts + tokenizer, processes, pools
-  classifiers  NgramClassifier (hashed k-gram logistic regression), TransformerClassifier (Flax NNX)
-  train        split_sizes / split_indices / held_out_rows, distinguish, distinguish_copies (vmapped seeds)
+Modules:
+  bounds:      clopper_pearson_lower / _upper (scipy's beta quantiles), tv_lower_bound
+  samples:     TokenSamples and its sources: arrays, texts + tokenizer, processes, pools
+  classifiers: NgramClassifier (hashed k-gram logistic regression), TransformerClassifier (Flax NNX)
+  train:       split_sizes / split_indices / held_out_rows, distinguish, distinguish_copies (vmapped seeds)
 """
+
+from tvjax._extras import require
+
+for _package in ("flax", "optax"):
+    require(_package, "models", "the trained distinguishers")
 
 from tvjax.audit.distinguish.bounds import clopper_pearson_lower, clopper_pearson_upper, tv_lower_bound
 from tvjax.audit.distinguish.classifiers import CLASSIFIERS, NgramClassifier, TransformerClassifier, ngram_features
