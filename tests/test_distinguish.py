@@ -1,6 +1,6 @@
 """tvjax.audit.distinguish: the certified TV lower bound from a trained distinguisher.
 
-The binomial bounds against scipy; validity over seeds on pairs of known TV (the observed rate of
+The binomial bounds against their defining tails and closed forms; validity over seeds on pairs of known TV (the observed rate of
 bound > TV within a binomial tolerance of delta, a support-mismatch pair included), identical
 pairs, the point estimate against the true TV as N grows, the held-out rows untouched by training,
 the sources (texts, processes that stop at EOS, pools) and bad input. Fixed seeds throughout."""
@@ -42,20 +42,27 @@ def binomial_tolerance(rate, trials, z=3.0):
 
 
 @pytest.mark.parametrize("successes, trials", [(0, 1), (1, 1), (0, 10), (3, 10), (10, 10), (1, 1000), (517, 1000),
-                                               (999, 1000), (4000, 5000)])
+                                               (999, 1000), (4000, 5000), (3, 10**7)])
 @pytest.mark.parametrize("alpha", [0.025, 0.1])
-def test_clopper_pearson_matches_scipy_beta_quantiles(successes, trials, alpha):
+def test_clopper_pearson_bounds_solve_their_defining_binomial_tails(successes, trials, alpha):
+    """Ground truth independent of the beta quantiles: the binomial tails at the bounds equal alpha."""
     lower, upper = clopper_pearson_lower(successes, trials, alpha), clopper_pearson_upper(successes, trials, alpha)
-    want_lower = 0.0 if successes == 0 else stats.beta.ppf(alpha, successes, trials - successes + 1)
-    want_upper = 1.0 if successes == trials else stats.beta.ppf(1 - alpha, successes + 1, trials - successes)
-    assert lower == pytest.approx(want_lower, rel=1e-9, abs=1e-15)
-    assert upper == pytest.approx(want_upper, rel=1e-9, abs=1e-15)
-    assert lower <= want_lower + 1e-15 and upper >= want_upper - 1e-15  # the conservative end
-    # the defining tails: P(X >= k) = alpha at the lower bound, P(X <= k) = alpha at the upper one
+    assert 0.0 <= lower < upper <= 1.0
     if successes:
-        assert stats.binom.sf(successes - 1, trials, lower) == pytest.approx(alpha, rel=1e-6)
+        assert stats.binom.sf(successes - 1, trials, lower) == pytest.approx(alpha, rel=1e-9)
+    else:
+        assert lower == 0.0
     if successes < trials:
-        assert stats.binom.cdf(successes, trials, upper) == pytest.approx(alpha, rel=1e-6)
+        assert stats.binom.cdf(successes, trials, upper) == pytest.approx(alpha, rel=1e-9)
+    else:
+        assert upper == 1.0
+
+
+@pytest.mark.parametrize("trials", [1, 7, 1000])
+def test_clopper_pearson_closed_forms_at_the_extremes(trials):
+    """All successes: P_p(X >= n) = p^n = alpha; no success: P_p(X <= 0) = (1 - p)^n = alpha."""
+    assert clopper_pearson_lower(trials, trials, 0.05) == pytest.approx(0.05 ** (1 / trials), rel=1e-12)
+    assert clopper_pearson_upper(0, trials, 0.05) == pytest.approx(1 - 0.05 ** (1 / trials), rel=1e-12)
 
 
 def test_tv_lower_bound_is_the_union_of_two_one_sided_bounds():
@@ -91,6 +98,7 @@ def test_identical_pair_bound_is_at_most_zero_up_to_delta():
     assert abs(np.mean(result.estimate)) < 4 * np.std(result.estimate) / math.sqrt(COPIES) + 1e-9
 
 
+@pytest.mark.slow
 def test_point_estimate_approaches_the_true_tv_as_n_grows():
     """On a small tabular pair (V = 4, n = 3, top-k 2 vs 3) the estimate pi_hat(A) - mu_hat(A) is
     below the TV on average (A is one event) and closes on it as the sample grows."""

@@ -30,18 +30,19 @@ import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from tvjax._extras import require
 from tvjax.engines.models import load_tokenizer
 from tvjax.engines.protocol import EngineError, Sampled, Scored, collect_sampled, derive_seed, eos_policy
 from tvjax.engines.readouts import score_trajectories, score_trajectory
 from tvjax.engines.tokens import eos_ids, generation_config_eos
+
+httpx = require("httpx", "endpoints", "OpenAI-compatible endpoints")
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -51,17 +52,30 @@ class BudgetExceeded(EngineError):
 
 
 class Client:
-    """JSON POST/GET with retries (exponential backoff on connection errors and 408/409/429/5xx),
-    a requests-per-second limit shared by all threads, and a request budget."""
+    """JSON POST/GET over one httpx connection pool (kept-alive connections: on loopback 0.55 ms a
+    request against urllib's 1.8 ms, which opens a connection per request, and over TLS a handshake
+    per request), with what neither httpx nor the openai SDK has: retries with exponential backoff
+    on connection errors and 408/409/429/5xx under a requests-per-second limit shared by all
+    threads, and a request budget."""
 
     def __init__(self, base_url: str, api_key: str | None, requests_per_second: float, max_retries: int,
                  timeout_s: float, max_requests: int):
-        self.base_url, self.api_key = base_url.rstrip("/"), api_key
+        self.base_url = base_url.rstrip("/")
         self.interval = 1.0 / float(requests_per_second)
-        self.max_retries, self.timeout_s, self.max_requests = int(max_retries), float(timeout_s), int(max_requests)
+        self.max_retries, self.max_requests = int(max_retries), int(max_requests)
         self.used = 0
         self._lock = threading.Lock()
         self._next_start = time.monotonic()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(headers=headers, timeout=float(timeout_s))
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Client":
+        """The client of an engine config (base_url, api_key_env, requests_per_second, max_retries,
+        timeout_s, max_requests)."""
+        return cls(config["base_url"], os.environ.get(config.get("api_key_env") or "", None),
+                   config.get("requests_per_second", 20.0), config.get("max_retries", 5), config.get("timeout_s", 60),
+                   config.get("max_requests", 100000))
 
     def reserve(self, count: int) -> None:
         """Refuse up front a batch of `count` requests that would exceed the budget."""
@@ -79,26 +93,26 @@ class Client:
         time.sleep(max(0.0, start - now))
 
     def request(self, path: str, payload: dict | None = None) -> dict:
-        data = None if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
         for attempt in range(self.max_retries + 1):
             self._wait_turn()
-            req = urllib.request.Request(self.base_url + path, data=data, headers=headers,
-                                         method="GET" if data is None else "POST")
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                body = e.read().decode(errors="replace")[:1000]
-                if e.code not in RETRY_STATUS or attempt == self.max_retries:
-                    raise EngineError(f"{path}: HTTP {e.code}: {body}") from e
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                if payload is None:
+                    response = self.http.get(self.base_url + path)
+                else:
+                    response = self.http.post(self.base_url + path, json=payload)
+            except httpx.TransportError as e:  # refused, reset, timed out
                 if attempt == self.max_retries:
-                    raise EngineError(f"{path}: {e} after {attempt + 1} attempts") from e
+                    raise EngineError(f"{path}: {e!r} after {attempt + 1} attempts") from e
+            else:
+                if response.is_success:
+                    return response.json()
+                if response.status_code not in RETRY_STATUS or attempt == self.max_retries:
+                    raise EngineError(f"{path}: HTTP {response.status_code}: {response.text[:1000]}")
             time.sleep(min(30.0, 0.5 * 2 ** attempt))
         raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.http.close()
 
 
 def token_id(key: str) -> int:
@@ -135,9 +149,7 @@ class TextEndpoint:
 
     def __init__(self, config: dict):
         self.config = config
-        api_key = os.environ.get(config.get("api_key_env") or "", None)
-        self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
-                             config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
+        self.client = Client.from_config(config)
         self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
         self.workers = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
 
@@ -158,6 +170,7 @@ class TextEndpoint:
 
     def close(self) -> None:
         self.workers.shutdown()
+        self.client.close()
 
 
 def stored_texts(path, side: str, config: dict, messages: list[dict], num: int, max_tokens: int, seed: int) -> list[str]:
@@ -189,9 +202,7 @@ class OpenAIBridge:
         self.tokenizer = load_tokenizer(config["model"])
         self.eos = eos_policy(config, eos_ids(self.tokenizer, generation_config_eos(config["model"])))
         self.num_top = int(config.get("top_logprobs") or (self.k + len(self.eos.banned)))
-        api_key = os.environ.get(config.get("api_key_env") or "", None)
-        self.client = Client(config["base_url"], api_key, config.get("requests_per_second", 20.0),
-                             config.get("max_retries", 5), config.get("timeout_s", 60), config.get("max_requests", 100000))
+        self.client = Client.from_config(config)
         self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
         self.pool = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
 
@@ -252,3 +263,4 @@ class OpenAIBridge:
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.client.close()

@@ -7,32 +7,12 @@ For X ~ Binomial(trials, p), the one-sided Clopper-Pearson bounds at level 1 - a
 
 so that P(lower(X) > p) <= alpha and P(upper(X) < p) <= alpha for every p (the tails are monotone
 in p). They are the beta quantiles Beta(alpha; k, trials - k + 1) and Beta(1 - alpha; k + 1,
-trials - k); here they are found by bisection on the binomial tail itself, summed in float64 in
-log space (log-factorials, logsumexp), so no scipy is needed at run time and nothing underflows.
-The bisection returns the conservative end of its final bracket (below the exact lower bound,
-above the exact upper bound), 2^-80 wide.
+trials - k), computed by scipy (a dependency of JAX itself) in float64.
 """
 
-import math
-
-import numpy as np
+from scipy.stats import beta
 
 from tvjax.core.validate import check_range
-
-_BISECTIONS = 80
-
-
-def _log_factorials(trials):
-    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, trials + 1, dtype=np.float64)))])
-
-
-def _log_tail(successes, trials, p, upper_tail, log_fact):
-    """log P_p(X >= successes) (upper_tail) or log P_p(X <= successes), X ~ Binomial(trials, p)."""
-    j = np.arange(successes, trials + 1) if upper_tail else np.arange(0, successes + 1)
-    with np.errstate(divide="ignore"):
-        log_pmf = log_fact[trials] - log_fact[j] - log_fact[trials - j] + j * np.log(p) + (trials - j) * np.log1p(-p)
-    top = np.max(log_pmf)
-    return top + math.log(np.sum(np.exp(log_pmf - top))) if np.isfinite(top) else -np.inf
 
 
 def _check_counts(successes, trials, alpha):
@@ -44,27 +24,13 @@ def _check_counts(successes, trials, alpha):
     return int(successes), int(trials)
 
 
-def _bisect(successes, trials, alpha, upper_tail):
-    log_fact, log_alpha = _log_factorials(trials), math.log(alpha)
-    low, high = 0.0, 1.0
-    for _ in range(_BISECTIONS):
-        mid = (low + high) / 2
-        tail = _log_tail(successes, trials, mid, upper_tail, log_fact)
-        # P(X >= k) rises with p, P(X <= k) falls: move toward the p where the tail equals alpha
-        if (tail < log_alpha) == upper_tail:
-            low = mid
-        else:
-            high = mid
-    return low, high
-
-
 def clopper_pearson_lower(successes, trials, alpha):
     """One-sided lower confidence bound at level 1 - alpha for p from successes ~ Binomial(trials, p):
     P(bound > p) <= alpha. 0 when successes = 0."""
     successes, trials = _check_counts(successes, trials, alpha)
     if successes == 0:
         return 0.0
-    return _bisect(successes, trials, alpha, upper_tail=True)[0]
+    return float(beta.ppf(alpha, successes, trials - successes + 1))
 
 
 def clopper_pearson_upper(successes, trials, alpha):
@@ -73,7 +39,7 @@ def clopper_pearson_upper(successes, trials, alpha):
     successes, trials = _check_counts(successes, trials, alpha)
     if successes == trials:
         return 1.0
-    return _bisect(successes, trials, alpha, upper_tail=False)[1]
+    return float(beta.ppf(1 - alpha, successes + 1, trials - successes))
 
 
 def tv_lower_bound(pi_hits, pi_trials, mu_hits, mu_trials, delta):
