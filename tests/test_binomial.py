@@ -58,6 +58,7 @@ def draws():
     return _draw(jax.random.key(20240611), CASES + EXACT, DRAWS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(EXACT)), ids=[f"n={c}-p={p}" for c, p in EXACT])
 def test_exact_cells(draws, case):
     count, p = EXACT[case]
@@ -94,12 +95,14 @@ def _check_law(x, count, p):
         assert pvalue > 1e-4, (count, p, pvalue)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"n={c}-p={p}" for c, p in CASES])
 def test_law(draws, case):
     count, p = CASES[case]
     _check_law(draws[case], count, float(np.float32(p)))
 
 
+@pytest.mark.slow
 def test_rare_paths(monkeypatch):
     """The paths a call rarely takes, made common: a window of 6 sends most small-mean draws through
     the geometric envelope (accept/reject, redraw), and tiny retry buffers with one trial in the
@@ -196,6 +199,7 @@ def _sparse_layout(cases, rows=32, draws=65_536):
     return jnp.asarray(counts), jnp.asarray(probs)
 
 
+@pytest.mark.slow
 def test_sparse_inversion_and_single_piece_fair_coins():
     cases = [(16, 0.05), (300, 0.97)]
     counts, probs = _sparse_layout(cases)
@@ -225,6 +229,7 @@ def test_fair_coins_past_64_take_btrs_and_below_take_set_bits():
     _check_law(x[1], 65, 0.5)
 
 
+@pytest.mark.slow
 def test_sparse_rare_paths(monkeypatch):
     """The envelope path of cells drawn by the sparse path (a window of 6 makes it common)."""
     monkeypatch.setattr(tb, "_WINDOW", 6)

@@ -164,6 +164,7 @@ def run_bounds(args, cwd):
     return proc
 
 
+@pytest.mark.slow
 def test_multirun_over_points_gives_the_single_process_exponents(tmp_path):
     """One job per grid point (joblib, 2 workers), fitted by the callback when the multirun
     ends; the same from `--summarize`; and both equal the single-process run's table."""

@@ -180,6 +180,7 @@ def bootstrap_quantile_se(x, levels, rng, resamples=40):
     return np.std([np.percentile(x[i], levels) for i in picks], axis=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("oracle", [Noisy(0.5), Sampler()], ids=["noisy", "sampler"])
 def test_skipping_deterministic_positions_keeps_the_law_of_the_averages(oracle):
     """Drawing only at the declared stochastic positions gives path log-probs of the same law as
@@ -304,6 +305,7 @@ def test_paper_schedule_shape():
 # --------------------------------------------------------------------------- jit and vmap
 
 
+@pytest.mark.slow
 def test_every_estimator_jits_and_vmaps_over_keys():
     pi, mu, _ = family("tabular_top_k")
     keys = jax.random.split(KEY, 3)
@@ -500,6 +502,7 @@ REGISTRY_SIZES = {
 }
 
 
+@pytest.mark.slow
 def test_every_registered_estimator_spends_what_the_cost_model_says():
     pi, mu, _ = family("block")
     assert set(REGISTRY_SIZES) == set(E.REGISTRY)

@@ -121,6 +121,7 @@ def test_sampling_law_matches_path_logprobs(pair):
     assert probs.sum() == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.slow
 def test_next_token_logprobs_consistent_with_path():
     pairs = (paper_block_pair(), random_tabular_pair(seed=0, top_k=(2, 3)), rare_escape_pair([0.5, 0.5], [0.9, 0.1], 9),
              coin_pair(7))

@@ -14,6 +14,8 @@ from hydra import compose, initialize_config_dir
 
 from tvjax.pools import store as pools
 
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
+
 EXPERIMENTS = ["engine_campaign", "engine_fp32_vs_bf16", "engine_topk20_vs_topk30"]
 
 

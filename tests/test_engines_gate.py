@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from _engine_envs import ROOT, build_tiny_model, engine_python
+
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
 
 
 def gate_cmd(model, run_dir, tau, mu_top_k, max_rounds=3) -> list[str]:

@@ -22,6 +22,8 @@ from hydra import compose, initialize_config_dir
 
 from tvjax.pools import store as pools
 
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
+
 N, LENGTH, R, TOP_K = 8, 6, 2, 20
 CROSS_TOL = 1e-3  # per-token |log p_jax - log p_transformers| at fp32 (measured ~2e-5)
 TV_TOL = 1e-3     # pool-report TV between the two engines (measured ~1e-5)

@@ -2,7 +2,7 @@
 the tiny random Llama whose EOS is often likely (STOP_EOS_SCALE), so that eos=stop outputs stop
 early (loopback only; bounded requests: 3 completions + 3*6 per-prefix requests under a budget of
 40, a budget refusal, 3 completions + 3 echo requests for the sequence-level scorer, and under
-eos=stop 4 completions + one request per real position, at most 4*8).
+eos=stop, 4 completions + one request per real position, at most 4*8).
 
 Tolerance (measured, fp32): the per-prefix readouts (prefill path, raw log-probs renormalized over
 top-k without EOS) agree with the sampling-time readouts of the completions (decode path) to < 1e-5
@@ -22,6 +22,8 @@ import pytest
 from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_env, engine_python, run_job
 
 from tvjax.pools import store as pools
+
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
 
 
 def free_port() -> int:

@@ -3,7 +3,10 @@ synthetic logits (tests/engines/torch_checks.py, run inside the transformers ven
 
 import re
 
+import pytest
 from _engine_envs import engine_python, run_in
+
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
 
 
 def test_replay_arithmetic_on_synthetic_logits():

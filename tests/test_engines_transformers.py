@@ -22,6 +22,8 @@ from _engine_envs import (
 
 from tvjax.pools import store as pools
 
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

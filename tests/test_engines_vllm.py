@@ -13,6 +13,8 @@ from _engine_envs import EOS_ID, STOP_EOS_SCALE, build_tiny_model, check_own_sid
 
 from tvjax.pools import store as pools
 
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -75,6 +75,7 @@ def check_outputs(out_dir, record):
     assert set(saved["seconds"]) == phases and all(v >= 0 for v in saved["seconds"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", sorted(STUDIES))
 def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
     app = STUDIES[experiment]
@@ -189,6 +190,7 @@ def test_model_variants_exact_logits_match_enumeration():
     assert row["ci_low"] <= row["value"] <= row["ci_high"]
 
 
+@pytest.mark.slow
 def test_estimate_app_runs_and_every_group_option_builds(tmp_path):
     cfg = composed("config", ["instance=random_tabular", "estimator=plugin", "estimator.sizes.num_per_side=64"])
     estimate = load_app("estimate")
@@ -259,6 +261,7 @@ def run_app(args, cwd):
 TINY = ["instance=random_tabular", "estimator=plugin", "estimator.sizes.repeats=1"]
 
 
+@pytest.mark.slow
 def test_joblib_multirun_completes_and_rerun_skips_finished_jobs(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", *TINY,
@@ -292,6 +295,7 @@ def test_done_marker_is_keyed_by_the_config_the_study_reads(tmp_path):
         config_digest(study_view(unused, load_app("convergence").READS))
 
 
+@pytest.mark.slow
 def test_blackbox_language_model_rows_resume_from_their_store(tmp_path, monkeypatch):
     """The LM rows' continuations live in a resumable pool per pair: a run interrupted after one
     shard resumes and stores exactly what an uninterrupted run stores; seeds read disjoint blocks;

@@ -6,7 +6,10 @@ and the test tells a far pair from an identical one."""
 import json
 
 import numpy as np
+import pytest
 from _engine_envs import ROOT, engine_python, run_in
+
+pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
 
 
 def test_met_anchor_matches_the_package_and_separates_pairs(tmp_path):

@@ -86,6 +86,7 @@ def reference(tmp_path_factory, smollm2):
 # --------------------------------------------------------------------------- against transformers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RANDOM_CONFIGS))
 def test_random_model_matches_transformers(reference, name):
     ours, ref = reference
@@ -241,6 +242,7 @@ def test_samples_follow_path_logprobs(settings):
     assert stats.chi2.sf(chi2, len(observed) - 1) >= 1e-3
 
 
+@pytest.mark.slow
 def test_eos_stop_ends_a_row_at_its_first_eos_and_pads():
     """eos="stop": EOS keeps its mass; after a row's first EOS every token is the pad (the first
     EOS id) at log-probability 0, in the decode loop and in teacher forcing alike; the support
@@ -282,6 +284,7 @@ def test_next_token_logprobs_are_the_sampling_distribution():
     assert np.array_equal(np.asarray(lm.path_logprobs(seqs)), np.take_along_axis(rows, np.asarray(seqs)[..., None], -1)[..., 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("access", ["exact", "noisy", "sampler"])
 def test_estimate_tv_on_top_k_variants(access):
     """top_k 2 vs 3 of one tiny model (support mismatch): exact TV by enumeration of 6**4 sequences;

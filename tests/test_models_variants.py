@@ -128,6 +128,7 @@ def gaps(variant_model):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_close_to_float32_but_not_identical(gaps, name):
     _, (max_gap, mean_gap), least = VARIANTS[name]
@@ -137,6 +138,7 @@ def test_variant_close_to_float32_but_not_identical(gaps, name):
     assert gap.mean() > least  # the variant does something
 
 
+@pytest.mark.slow
 def test_int8_much_closer_than_int4(gaps):
     assert 5 * gaps["int8"].mean() < gaps["int4"].mean()
 
@@ -261,6 +263,7 @@ def smollm2():
     return lm, tokens, np.asarray(lm.path_logprobs(tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes,bound", [({"weights": "int8"}, 0.5), ({"dtype": "bfloat16"}, 0.5)])
 def test_smollm2_variants(smollm2, changes, bound):
     lm, tokens, base = smollm2
@@ -268,6 +271,7 @@ def test_smollm2_variants(smollm2, changes, bound):
     assert 1e-3 < gap.max() <= bound
 
 
+@pytest.mark.slow
 def test_smollm2_gguf_blocks_reproduce_the_dequantized_model(smollm2):
     lm, tokens, base = smollm2
     blocks = lm.variant(weights="gguf")

@@ -159,6 +159,7 @@ def smollm2_pairs():
     return base, hot
 
 
+@pytest.mark.slow
 def test_gate_on_smollm2_passes_itself_and_fails_a_hot_temperature(smollm2_pairs):
     """SmolLM2-135M, 8 tokens: the model against itself PASSes tau = 0.1; against temperature
     2.0 (whose TV from the model is far above 0.3) it FAILs, each within 512 continuations."""

@@ -60,6 +60,7 @@ def two_device_results():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_two_forced_devices(two_device_results):
     assert two_device_results["devices"] == 2
 
