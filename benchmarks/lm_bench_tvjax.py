@@ -66,7 +66,7 @@ def memory(job, started):
     from tvjax.core.streaming import stream_chunk
 
     model, _ = load(job["model"])
-    # no top-k: jax.lax.top_k is most of a CPU run's time (see the README) and changes no memory;
+    # no top-k: jax.lax.top_k is most of a CPU run's time (docs/benchmarks/language-models.md) and changes no memory;
     # max_chunk_rows: the default policy
     pi = language_model(model, job["prompt"], job["n"])
     mu = pi.variant(temperature=1.25)

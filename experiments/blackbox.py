@@ -13,7 +13,7 @@ environment, through `benchmarks/met_anchor.py`): the share of seeds with p < le
 Then: validity rates over `validity.seeds` seeds (bound > true TV; on identical pairs pi vs pi,
 bound > 0), the Flax transformer on a few configurations, and SmolLM2 serving variants (`lm.seeds`
 independent seeds: disjoint blocks of a resumable store of continuations per side, `lm_store`;
-the true TV the README's exact-logit estimate).
+the true TV the exact-logit estimate of docs/tutorials/real-model-variants.md).
 """
 
 import json

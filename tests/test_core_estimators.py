@@ -127,6 +127,7 @@ def test_noisy_oracle_draws_are_unbiased_with_relative_variance():
     np.testing.assert_array_equal(draws[~noisy], np.broadcast_to(p, draws.shape)[~noisy])
 
 
+@pytest.mark.slow
 def test_nested_draws_match_explicit_averages():
     """The directly drawn r-average has the law of averaging r explicit draws."""
     pi, _ = rare_escape_pair([0.5, 0.5], [0.5, 0.5], n=2, escape_scale=1.0)
@@ -213,6 +214,7 @@ def test_draw_distributions_marginals():
 # --------------------------------------------------------------------------- sample-only access
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rare_escape_mismatch", "tabular_top_k"])
 def test_sample_only_converges(name):
     pi, mu, truth = family(name)

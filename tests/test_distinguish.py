@@ -79,6 +79,7 @@ NUM = 600  # per side: one compiled program per (pair structure, NUM) serves sev
 TOP_K_PAIR = dict(seed=3, vocab_size=4, n=3, context_len=1, top_k=(2, 3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["coins", "top-k (support mismatch)"])
 def test_bound_exceeds_the_true_tv_in_at_most_delta_of_the_seeds(family):
     """Coins: the n-gram classifier is near the Bayes classifier, so the bound is tight and the
@@ -194,6 +195,7 @@ def test_pool_tokens_with_and_without_lengths():
     assert a.vocab_size == 5 and np.asarray(b.lengths).tolist() == [1, 1]
 
 
+@pytest.mark.slow
 def test_transformer_learns_a_coin_pair():
     pi, mu = coin_pair(n=8, shift=0.5)
     a, b = sample_pair(jax.random.key(10), pi, mu, 400)

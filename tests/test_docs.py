@@ -1,8 +1,10 @@
-"""The docs against the code, so they cannot drift: every signature of docs/CORE_API.md, the
-README's "Python API in one screen" block (executed) and the names the README mentions, and the
-flat API of `tvjax.__all__`.
+"""The docs against the code, so they cannot drift: every signature of the core API contract
+(docs/design/core-api.md), the README's "Python API in one screen" block (executed), every tvjax name
+that README.md or a docs/ page mentions, the estimator configs and overrides they show, the API
+reference's coverage of the flat API (`tvjax._EXPORTS`), the subpackages, and the README's shape
+(short, and opening with its two commands).
 
-docs/CORE_API.md's grammar (it says so at its top): under a `## tvjax.<module>` heading, a bullet
+docs/design/core-api.md's grammar (it says so at its top): under a `## tvjax.<module>` heading, a bullet
 that starts with a code span documents names of that module. Its leading code spans (separated
 by commas) are entries, each one of
 
@@ -28,13 +30,25 @@ import pytest
 import tvjax
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_API = ROOT / "docs" / "CORE_API.md"
+DOCS = ROOT / "docs"
+CORE_API = DOCS / "design" / "core-api.md"
+CONTRACT = "core-api.md"  # how failures name the page
 README = ROOT / "README.md"
+REFERENCE = DOCS / "reference"
 ESTIMATOR_CONFIGS = ROOT / "configs" / "estimator"
+README_MAX_LINES = 260
+# README's first lines, byte for byte: the title and the two commands (scripts/readme_first_command.sh runs the first)
+README_OPENING = (
+    "# tvjax\n\n```bash\n"
+    "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/python -m tvjax   "
+    "# main job: default estimate on the paper's instance\n"
+    "bash scripts/test.sh                                                                 "
+    "# the test suite (sets up its own environments)\n```\n"
+)
 
-CORE_MODULES = ("instances", "oracles", "currency", "cost", "schedules", "streaming", "programs", "estimators",
-                "studies", "api")
-ONE_LINE_MODULES = ("pools", "synthetic_pool", "jsonable")
+CORE_MODULES = tuple(f"tvjax.core.{m}" for m in ("instances", "oracles", "currency", "cost", "schedules", "streaming",
+                                                 "programs", "estimators", "studies", "api"))
+ONE_LINE_MODULES = ("tvjax.pools.store", "tvjax.pools.synthetic", "tvjax.core.jsonable")
 
 CALL = re.compile(r"(\.?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\((.*)\)", re.S)
 NAME = re.compile(r"\.?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -88,7 +102,7 @@ def leading_spans(text):
 
 
 def parse_core_api(text):
-    """(entries, sections): every entry of docs/CORE_API.md with its section's module, and the
+    """(entries, sections): every entry of the core API contract with its section's module, and the
     modules that have a section. A bullet starting with a code span outside a module section
     is an error."""
     sections, entries, bullets = [], [], []
@@ -102,7 +116,7 @@ def parse_core_api(text):
         spans = leading_spans(b.text)
         if not spans:
             return
-        assert module is not None, f"CORE_API.md line {b.line}: entry {spans[0]!r} outside a `## tvjax.<module>` section"
+        assert module is not None, f"{CONTRACT} line {b.line}: entry {spans[0]!r} outside a `## tvjax.<module>` section"
         parent = bullets[b.parent].text if b.parent is not None else ""
         parent_entries = tuple(leading_spans(parent))
         parent_spans = parent_entries or tuple(SPAN.findall(parent))
@@ -120,7 +134,7 @@ def parse_core_api(text):
             named = re.fullmatch(r"(tvjax(?:\.\w+)*)(?:\s+(?:—|-|:|\().*)?", title)
             module = named.group(1) if heading.group(1) == "##" and named else None
             if module:
-                assert module not in sections, f"CORE_API.md line {number}: a second section for {module}"
+                assert module not in sections, f"{CONTRACT} line {number}: a second section for {module}"
                 sections.append(module)
         elif bullet:
             flush()
@@ -264,16 +278,16 @@ def parent_classes(entry):
         name = m.group(1) if m else span
         if not IDENTIFIER.fullmatch(name) or (entry.parent_is_entry and not hasattr(module, name)):
             continue
-        assert hasattr(module, name), f"CORE_API.md line {entry.line}: {entry.module} has no {name!r} (enclosing bullet)"
+        assert hasattr(module, name), f"{CONTRACT} line {entry.line}: {entry.module} has no {name!r} (enclosing bullet)"
         if inspect.isclass(getattr(module, name)):
             classes.append(getattr(module, name))
-    assert classes, f"CORE_API.md line {entry.line}: {entry.span!r} needs an enclosing bullet naming its classes"
+    assert classes, f"{CONTRACT} line {entry.line}: {entry.span!r} needs an enclosing bullet naming its classes"
     return classes
 
 
 def check_entry(entry):
     """Raise AssertionError when a documented entry does not match the code."""
-    where = f"CORE_API.md line {entry.line} ({entry.module}): `{entry.span}`"
+    where = f"{CONTRACT} line {entry.line} ({entry.module}): `{entry.span}`"
     module = importlib.import_module(entry.module)
     constant = CONSTANT.fullmatch(entry.span)
     call = CALL.fullmatch(entry.span)
@@ -347,13 +361,13 @@ def core_api():
     return parse_core_api(CORE_API.read_text())
 
 
-# --------------------------------------------------------------------------- docs/CORE_API.md
+# --------------------------------------------------------------------------- docs/design/core-api.md
 
 
 def test_core_api_has_a_section_per_core_module(core_api):
     entries, sections = core_api
-    expected = [f"tvjax.{m}" for m in CORE_MODULES + ONE_LINE_MODULES]
-    assert not set(expected) - set(sections), f"CORE_API.md lacks sections for {sorted(set(expected) - set(sections))}"
+    expected = CORE_MODULES + ONE_LINE_MODULES
+    assert not set(expected) - set(sections), f"{CONTRACT} lacks sections for {sorted(set(expected) - set(sections))}"
     for section in sections:
         importlib.import_module(section)
     assert len(entries) > 100, f"only {len(entries)} entries parsed: the parser or the page is broken"
@@ -367,27 +381,27 @@ def test_every_documented_signature_matches_the_code(core_api):
             check_entry(entry)
         except AssertionError as e:
             failures.append(str(e))
-    assert not failures, "docs/CORE_API.md does not match the code:\n" + "\n".join(failures)
+    assert not failures, "docs/design/core-api.md does not match the code:\n" + "\n".join(failures)
 
 
 def test_every_public_function_and_class_of_a_core_module_is_documented(core_api):
     entries, _ = core_api
     missing = []
-    for short in CORE_MODULES:
-        module = importlib.import_module(f"tvjax.{short}")
+    for name in CORE_MODULES:
+        module = importlib.import_module(name)
         public = {name for name, obj in vars(module).items()
                   if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
                   and defined_in(obj, module)}
         public |= set(getattr(module, "__all__", ()))
         missing += [f"{module.__name__}.{name}" for name in sorted(public - entry_names(entries, module.__name__))]
-    assert not missing, f"public names without an entry in docs/CORE_API.md: {missing}"
+    assert not missing, f"public names without an entry in docs/design/core-api.md: {missing}"
 
 
 def test_every_flat_export_is_documented_in_its_module_section(core_api):
     entries, _ = core_api
     missing = [f"{name} ({module})" for name, module in sorted(tvjax._EXPORTS.items())
                if name not in entry_names(entries, module)]
-    assert not missing, f"tvjax.__all__ names without an entry in their module's section of docs/CORE_API.md: {missing}"
+    assert not missing, f"tvjax.__all__ names without an entry in their module's section of {CONTRACT}: {missing}"
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -400,7 +414,8 @@ def test_every_flat_export_is_documented_in_its_module_section(core_api):
     ("* `WINDOW = 16`", "WINDOW is 32"),
 ])
 def test_the_checker_catches_a_broken_line(broken, message):
-    module = "tvjax.core.streaming" if "WINDOW" in broken else "tvjax.core.schedules" if "Samples" in broken else "tvjax.core.estimators"
+    module = ("tvjax.core.streaming" if "WINDOW" in broken else
+              "tvjax.core.schedules" if "Samples" in broken else "tvjax.core.estimators")
     entries, _ = parse_core_api(f"## {module}\n\n{broken}\n")
     assert len(entries) == 1
     with pytest.raises(AssertionError, match=message):
@@ -415,7 +430,16 @@ def test_the_checker_catches_a_broken_method_line():
         check_entry(entries[0])
 
 
-# --------------------------------------------------------------------------- README.md
+# --------------------------------------------------------------------------- README.md and the docs pages
+
+
+def docs_pages():
+    """README.md and every page under docs/, as (name relative to the repository, text)."""
+    paths = [README, *sorted(DOCS.rglob("*.md"))]
+    return [(path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")) for path in paths]
+
+
+PAGES = docs_pages()
 
 
 def readme_api_block(text):
@@ -425,18 +449,107 @@ def readme_api_block(text):
     return match.group(1)
 
 
+def fenced_blocks(text):
+    """[(language, body)] of a page's fenced code blocks."""
+    return re.findall(r"```(\w*)\n(.*?)```", text, re.S)
+
+
 def module_aliases(code):
-    """{alias: module} from the imports of a code block (`from tvjax import estimators as E`)."""
+    """{alias: module} from the imports of a code block (`from tvjax.core import estimators as E`).
+    A block that does not parse, or imports a module whose extra is missing here, gives what it can."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {}
     aliases = {}
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tvjax"):
             for a in node.names:
-                if inspect.ismodule(getattr(importlib.import_module(node.module), a.name, None)):
+                if _is_submodule(node.module, a.name):
                     aliases[a.asname or a.name] = f"{node.module}.{a.name}"
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("tvjax"):
                     aliases[a.asname or a.name] = a.name
+    return aliases
+
+
+def _find_spec(name):
+    """importlib.util.find_spec, or None where the name or a parent package does not import here."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _is_submodule(module, name):
+    """Whether `from module import name` imports a submodule (found without importing it)."""
+    package = _find_spec(module)
+    return bool(package and package.submodule_search_locations is not None and _find_spec(f"{module}.{name}"))
+
+
+def top_level_names(spec):
+    """The names a module's source defines at its top level, read without importing it (for a module
+    whose extra, torch say, is not installed here)."""
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def resolve_mentioned(path):
+    """Like resolve_dotted, for a name a page mentions: a module whose optional package is missing here
+    (the torch-side bridges) is read statically instead of imported."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        spec = _find_spec(".".join(parts[:i]))
+        if spec is not None:
+            break
+    else:
+        raise LookupError(f"no module in {path!r}")
+    if i == len(parts):
+        return spec
+    try:
+        return resolve_dotted(path)
+    except ImportError:
+        if i != len(parts) - 1:
+            raise LookupError(f"{path}: {'.'.join(parts[:i])} does not import here, and only its top-level names "
+                              "can be checked") from None
+        if parts[-1] not in top_level_names(spec):
+            raise LookupError(f"{'.'.join(parts[:i])} defines no {parts[-1]!r} ({path})") from None
+        return None
+
+
+def mentioned_names(text, aliases):
+    """Every tvjax name a page mentions: `tvjax.X...` anywhere (prose, spans, code blocks of any
+    language, `::: tvjax.X` directives), names imported by `from tvjax.X import a, b` in python blocks,
+    and alias.name (E.plugin, O.Noisy) in spans and python blocks."""
+    prose = "\n".join(strip_fences(text))
+    spans = SPAN.findall(prose)
+    python = [body for lang, body in fenced_blocks(text) if lang == "python"]
+    names = set(re.findall(r"(?<![\w/.-])tvjax(?:\.[A-Za-z_]\w*)+", text))
+    for body in python:
+        for module, imported in re.findall(r"^\s*from (tvjax[\w.]*) import ([\w, ]+)$", body, re.M):
+            names |= {f"{module}.{n.split(' as ')[0].strip()}" for n in imported.split(",") if n.strip()}
+        aliases = {**aliases, **{k: v for k, v in module_aliases(body).items() if k != "tvjax"}}
+    if aliases:
+        pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, aliases)) + r")\.([A-Za-z_]\w*)")
+        for chunk in spans + python:
+            names |= {f"{aliases[a]}.{n}" for a, n in pattern.findall(chunk)}
+    return names
+
+
+@pytest.fixture(scope="module")
+def readme_aliases():
+    aliases = {k: v for k, v in module_aliases(readme_api_block(README.read_text())).items() if k != "tvjax"}
+    assert {"E", "O"} <= set(aliases), f"the API block no longer imports E and O: {aliases}"
     return aliases
 
 
@@ -449,63 +562,98 @@ def test_readme_api_block_runs():
     assert 0.0 <= float(r.ci_low) <= float(r.ci_high) <= 1.0 and abs(float(r.value) - truth) < 0.05
 
 
-def test_every_tvjax_name_the_readme_mentions_exists():
-    text = README.read_text()
-    prose = "\n".join(strip_fences(text))
-    fenced = re.findall(r"```(\w*)\n(.*?)```", text, re.S)
-    spans = SPAN.findall(prose)
-    python = [body for lang, body in fenced if lang == "python"]
-    names = set()
-    # tvjax.X anywhere: prose, spans and every code block (python, bash: `python -m tvjax.pools.report`)
-    names |= set(re.findall(r"(?<![\w/.-])tvjax(?:\.[A-Za-z_]\w*)+", text))
-    # from tvjax.X import a, b in code blocks
-    for body in python:
-        for module, imported in re.findall(r"^\s*from (tvjax[\w.]*) import ([\w, ]+)$", body, re.M):
-            names |= {f"{module}.{n.split(' as ')[0].strip()}" for n in imported.split(",") if n.strip()}
-    # E.X, O.X (the API block's module aliases) in spans and python blocks
-    aliases = {k: v for k, v in module_aliases(readme_api_block(text)).items() if k != "tvjax"}
-    assert {"E", "O"} <= set(aliases), f"the API block no longer imports E and O: {aliases}"
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, aliases)) + r")\.([A-Za-z_]\w*)")
-    for chunk in spans + python:
-        names |= {f"{aliases[a]}.{n}" for a, n in pattern.findall(chunk)}
+def test_the_pages_are_read():
+    names = [name for name, _ in PAGES]
+    for page in ("README.md", "docs/index.md", "docs/getting-started.md", "docs/design/core-api.md"):
+        assert page in names, f"{page} is missing: {names}"
+
+
+@pytest.mark.parametrize("page", [name for name, _ in PAGES])
+def test_every_tvjax_name_a_page_mentions_exists(page, readme_aliases):
+    names = mentioned_names(dict(PAGES)[page], readme_aliases)
     missing = []
     for name in sorted(names):
         try:
-            resolve_dotted(name)
+            resolve_mentioned(name)
         except LookupError as e:
             missing.append(f"{name}: {e}")
-    assert len(names) > 20, f"only {len(names)} names found: the scan is broken"
-    assert not missing, "README.md names that do not exist:\n" + "\n".join(missing)
+    assert not missing, f"{page} names what does not exist:\n" + "\n".join(missing)
 
 
-def test_readme_estimator_configs_and_overrides_exist():
+def test_the_name_scan_finds_names(readme_aliases):
+    readme = mentioned_names(README.read_text(), readme_aliases)
+    everywhere = set().union(*(mentioned_names(text, readme_aliases) for _, text in PAGES))
+    assert len(readme) > 15 and len(everywhere) > 100, f"only {len(readme)} / {len(everywhere)} names: the scan is broken"
+    assert {"tvjax.core.estimators.plugin", "tvjax.core.oracles.Noisy"} <= readme  # E.plugin, O.Noisy
+
+
+def test_the_name_scan_catches_a_missing_name(readme_aliases):
+    text = "`tvjax.core.oracles.Noisier` and `E.plugins`\n\n```python\nfrom tvjax.core.api import estimate_everything\n```\n"
+    names = mentioned_names(text, readme_aliases)
+    for name in ("tvjax.core.oracles.Noisier", "tvjax.core.estimators.plugins", "tvjax.core.api.estimate_everything"):
+        assert name in names
+        with pytest.raises(LookupError):
+            resolve_mentioned(name)
+    assert resolve_mentioned("tvjax.engines.replay") is not None  # a module is found without importing it
+    # a torch-side module's names: imported where torch is installed, read from its source elsewhere
+    resolve_mentioned("tvjax.engines.replay.replay_step")
+    with pytest.raises(LookupError):
+        resolve_mentioned("tvjax.engines.replay.replay_steps")
+
+
+def test_estimator_configs_and_the_overrides_the_docs_show_exist():
     from tvjax.core.estimators import REGISTRY
 
-    text = README.read_text()
     configs = {p.stem for p in ESTIMATOR_CONFIGS.glob("*.yaml")}
     assert configs == set(REGISTRY), f"configs/estimator {sorted(configs)} vs REGISTRY {sorted(REGISTRY)}"
-    row = next(line for line in text.splitlines() if line.startswith("| `estimator/` |"))
-    listed = {s for s in SPAN.findall(row) if IDENTIFIER.fullmatch(s)} - {"estimator/"}
-    assert listed == configs, f"README's estimator/ row lists {sorted(listed)}, configs/estimator has {sorted(configs)}"
+    rows = [(page, line) for page, text in PAGES for line in text.splitlines() if line.startswith("| `estimator/` |")]
+    assert rows, "no page has the `estimator/` row of the config groups table"
+    for page, row in rows:
+        listed = {s for s in SPAN.findall(row) if IDENTIFIER.fullmatch(s)} - {"estimator/"}
+        assert listed == configs, f"{page}'s estimator/ row lists {sorted(listed)}, configs/estimator has {sorted(configs)}"
     fields = {name: set(spec.sizes._fields) for name, spec in REGISTRY.items()}
     options = {p.name for spec in REGISTRY.values() for p in inspect.signature(spec.fn).parameters.values()
                if p.kind is p.KEYWORD_ONLY}
-    # a command is one line of a code block or one inline code span: its overrides belong together
-    commands = [line for _, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S) for line in body.splitlines()]
-    commands += SPAN.findall("\n".join(strip_fences(text)))
     problems = []
-    for command in commands:
-        chosen = re.findall(r"\bestimator=(\w+)", command)
-        problems += [f"{command!r}: estimator={c} has no config" for c in chosen if c not in configs]
-        allowed = set().union(*(fields[c] for c in chosen if c in fields)) if chosen else set().union(*fields.values())
-        problems += [f"{command!r}: no estimator has sizes field {f!r}"
-                     for f in re.findall(r"\bestimator\.sizes\.(\w+)=", command) if f not in allowed]
-        problems += [f"{command!r}: no estimator has option {o!r}"
-                     for o in re.findall(r"\bestimator\.(?!sizes\.)(\w+)=", command) if o not in options]
-    assert not problems, "README estimator overrides that do not exist: " + "; ".join(problems)
+    for page, text in PAGES:
+        # a command is one line of a code block or one inline code span: its overrides belong together
+        commands = [line for _, body in fenced_blocks(text) for line in body.splitlines()]
+        commands += SPAN.findall("\n".join(strip_fences(text)))
+        for command in commands:
+            chosen = re.findall(r"\bestimator=(\w+)", command)
+            problems += [f"{page}: {command!r}: estimator={c} has no config" for c in chosen if c not in configs]
+            allowed = set().union(*(fields[c] for c in chosen if c in fields)) if chosen else set().union(*fields.values())
+            problems += [f"{page}: {command!r}: no estimator has sizes field {f!r}"
+                         for f in re.findall(r"\bestimator\.sizes\.(\w+)=", command) if f not in allowed]
+            problems += [f"{page}: {command!r}: no estimator has option {o!r}"
+                         for o in re.findall(r"\bestimator\.(?!sizes\.)(\w+)=", command) if o not in options]
+    assert not problems, "estimator overrides that do not exist: " + "; ".join(problems)
 
 
-# --------------------------------------------------------------------------- the flat API
+def test_readme_is_short_and_opens_with_its_two_commands():
+    text = README.read_text(encoding="utf-8")
+    lines = text.count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+    assert text.startswith(README_OPENING), (
+        "README.md must open with its title and the two commands, byte for byte:\n" + README_OPENING
+        + "\nit opens with:\n" + text[:len(README_OPENING)])
+
+
+def test_the_docs_home_shows_the_same_two_commands():
+    commands = README_OPENING.split("```bash\n", 1)[1].split("```", 1)[0]
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    assert f"```bash\n{commands}```" in home, "docs/index.md's two commands differ from README.md's"
+
+
+def test_readme_links_into_the_docs_exist():
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 10, f"README links only {len(links)} docs pages"
+    missing = sorted({link for link in links if not (ROOT / link).is_file()})
+    assert not missing, f"README.md links pages that do not exist: {missing}"
+
+
+# --------------------------------------------------------------------------- the flat API and the reference
 
 
 @pytest.mark.parametrize("name", tvjax.__all__)
@@ -514,7 +662,47 @@ def test_every_flat_export_resolves(name):
     assert value is getattr(importlib.import_module(tvjax._EXPORTS[name]), name)
 
 
-def test_flat_modules_exist():
-    assert sorted(dir(tvjax)) == sorted(tvjax.__all__)
-    missing = [m for m in sorted(tvjax.MODULES) if importlib.util.find_spec(f"tvjax.{m}") is None]
-    assert not missing, f"tvjax.MODULES names missing modules: {missing}"
+def test_flat_namespace_is_the_exports_and_the_subpackages():
+    assert sorted(dir(tvjax)) == sorted(tvjax.__all__ + list(tvjax.SUBPACKAGES))
+
+
+@pytest.mark.parametrize("name", tvjax.SUBPACKAGES)
+def test_every_subpackage_imports(name):
+    module = importlib.import_module(f"tvjax.{name}")
+    assert getattr(tvjax, name) is module
+
+
+def reference_coverage(pages):
+    """(directives, spans) of the API reference pages: the objects of their `::: tvjax...` lines and
+    their inline code spans."""
+    directives, spans = set(), set()
+    for text in pages:
+        directives |= set(re.findall(r"^:::\s+(tvjax[\w.]*)", text, re.M))
+        spans |= set(SPAN.findall("\n".join(strip_fences(text))))
+    return directives, spans
+
+
+def uncovered_exports(pages):
+    """The names of tvjax._EXPORTS that no reference page covers: neither a `::: module` (or
+    `::: module.name`) directive nor a code span naming it (`name`, `name(...)`, `module.name`)."""
+    directives, spans = reference_coverage(pages)
+    named = {re.split(r"[(\[]", span, maxsplit=1)[0] for span in spans}
+    return [f"{module}.{name}" for name, module in sorted(tvjax._EXPORTS.items())
+            if module not in directives and f"{module}.{name}" not in directives
+            and name not in named and f"{module}.{name}" not in named]
+
+
+def test_every_flat_export_is_on_a_reference_page():
+    pages = [path.read_text(encoding="utf-8") for path in sorted(REFERENCE.glob("*.md"))]
+    assert pages, "docs/reference/ has no pages"
+    missing = uncovered_exports(pages)
+    assert not missing, f"names of tvjax._EXPORTS that no page of docs/reference/ covers: {missing}"
+
+
+def test_the_reference_check_catches_an_uncovered_name():
+    everything = ["\n".join(f"::: {module}" for module in set(tvjax._EXPORTS.values()))]
+    assert uncovered_exports(everything) == []
+    by_name = ["`estimate_tv(key, pi, mu)` and `tvjax.core.oracles.Exact`"]
+    missing = uncovered_exports(by_name)
+    assert "tvjax.core.api.estimate_tv" not in missing and "tvjax.core.oracles.Exact" not in missing
+    assert "tvjax.core.oracles.Noisy" in missing

@@ -5,7 +5,7 @@ sampling, and an import that changes no process state.
 Tolerances, from measurements on SmolLM2-135M-Instruct (Q4_1 GGUF dequantized to float32 by both
 engines), fp32, top-k 20, this CPU: JAX replay vs JAX sampling time 0.0 (the same decode program);
 JAX vs transformers per-token realized log-probability at most ~2e-5 (asserted <= 1e-3, the
-cross-engine fp32 tolerance of the README), hence a pool-report TV of order 1e-5 (asserted < 1e-3);
+cross-engine fp32 tolerance of docs/tutorials/serving-stack.md), hence a pool-report TV of order 1e-5 (asserted < 1e-3);
 JAX decode loop vs its teacher-forced pass at most ~1e-5 (asserted <= 1e-4).
 """
 

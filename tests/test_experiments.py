@@ -111,6 +111,7 @@ def test_every_experiment_runs_at_smoke_size(experiment, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_access_models_drops_each_arms_program_before_the_next(tmp_path, monkeypatch):
     """B.11's arms run one after another: the programs of each are dropped before the next arm's
     compile (its peak memory is then the largest arm's), once per change of arm, not per job."""

@@ -104,6 +104,7 @@ def saved_probe(cache, sigma=0.3, variant="plain"):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_saved_programs_skip_tracing_and_miss_when_anything_that_decides_them_changes(tmp_path):
     first = saved_probe(tmp_path)
     saved = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("executables/*.bin"))

@@ -216,6 +216,7 @@ def gate_pools(tmp_path_factory):
     return folder, exact_tv(pi, mu)
 
 
+@pytest.mark.slow
 def test_gate_on_pools_decides_from_stored_rows(gate_pools):
     from tvjax.audit.sequential import gate_pool
     from tvjax.pools.store import load_pool

@@ -2,7 +2,7 @@
 
 With its classic loop emitters XLA's CPU backend compiles the estimator programs 20-30% faster
 than with its newer fusion emitters, with a third less peak memory, and runs them within about
-20% (benchmarks/README.md). A backend refuses an option it does not know (the GPU backend refuses
+20% (docs/benchmarks/numpy.md). A backend refuses an option it does not know (the GPU backend refuses
 the CPU's, and newer XLA releases retire options), so the options are those of COMPILER_OPTIONS
 that this process's default backend accepts (`compiler_options`). JAX accepts compiler options on
 the outermost jit only (a nested jit that names them is an error), so an estimator core is jitted
@@ -25,7 +25,7 @@ from tvjax.core.validate import all_concrete
 COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 # A program that runs once, briefly (a study's diagnostic on a few thousand trajectories), costs
 # mostly its compile: LLVM at level 1 compiles it about a third faster than XLA's default level 3,
-# and on such a run the code it makes is as fast (benchmarks/README.md). Long runs keep level 3
+# and on such a run the code it makes is as fast (docs/benchmarks/anchors.md). Long runs keep level 3
 # (Algorithm 3's estimates run twice as long at level 1).
 BRIEF_RUN_OPTIONS = {**COMPILER_OPTIONS, "xla_backend_optimization_level": 1}
 

@@ -4,7 +4,7 @@ Engine config keys (configs/engine/openai.yaml): base_url, served_model, api_key
 tokenizer source for the chat template and the EOS ids), top_k, top_logprobs, max_requests,
 requests_per_second, max_retries, timeout_s, max_concurrency, seed, eos (suppress | stop).
 
-What this access model measures (see the README section "Real engines" for the full account):
+What this access model measures (docs/howto/bridges.md has the full account):
 * trajectories: /v1/completions with the chat-templated prompt as token ids, temperature 1, top_k
   (a non-standard field that vLLM and SGLang accept), EOS pushed out with logit_bias -100 (and
   ignore_eos for servers that know it), a per-request seed, and top log-probabilities of every

@@ -13,8 +13,8 @@ from tvjax.pools.store import SIDES, Pool
 class ZeroMassRates(NamedTuple):
     """Zero-mass rates from the r-average over all stored passes.
 
-    trajectory[side][scorer]: fraction of `side`'s trajectories with at least one zero-mass
-    position under `scorer`; position[side][scorer]: fraction of zero-mass positions among the
+    `trajectory[side][scorer]`: fraction of `side`'s trajectories with at least one zero-mass
+    position under `scorer`; `position[side][scorer]`: fraction of zero-mass positions among the
     real ones (up to EOS); own[scorer]:
     the trajectory rate of each sampler on its own side (0 for a faithful replay oracle)."""
 
