@@ -156,23 +156,32 @@ def parse_core_api(text):
 # --------------------------------------------------------------------------- resolving names
 
 
+def _find_spec(name):
+    """importlib.util.find_spec, or None where the name or a parent package does not import here."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def longest_module(path):
+    """(i, spec): the longest prefix parts[:i] of a dotted path that is a module, found without importing it."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        spec = _find_spec(".".join(parts[:i]))
+        if spec is not None:
+            return i, spec
+    raise LookupError(f"no module in {path!r}")
+
+
 def resolve_dotted(path):
     """The object at an absolute dotted path `tvjax.a.b`; a module is found without importing
     it (engine modules import torch)."""
     parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        name = ".".join(parts[:i])
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ModuleNotFoundError, ValueError):
-            spec = None
-        if spec is not None:
-            break
-    else:
-        raise LookupError(f"no module in {path!r}")
+    i, spec = longest_module(path)
     if i == len(parts):
         return spec
-    obj = importlib.import_module(name)
+    obj = importlib.import_module(".".join(parts[:i]))
     for part in parts[i:]:
         if not hasattr(obj, part):
             raise LookupError(f"{'.'.join(parts[:parts.index(part)])} has no attribute {part!r} ({path})")
@@ -474,13 +483,6 @@ def module_aliases(code):
     return aliases
 
 
-def _find_spec(name):
-    """importlib.util.find_spec, or None where the name or a parent package does not import here."""
-    try:
-        return importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-
 
 def _is_submodule(module, name):
     """Whether `from module import name` imports a submodule (found without importing it)."""
@@ -508,12 +510,7 @@ def resolve_mentioned(path):
     """Like resolve_dotted, for a name a page mentions: a module whose optional package is missing here
     (the torch-side bridges) is read statically instead of imported."""
     parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        spec = _find_spec(".".join(parts[:i]))
-        if spec is not None:
-            break
-    else:
-        raise LookupError(f"no module in {path!r}")
+    i, spec = longest_module(path)
     if i == len(parts):
         return spec
     try:
