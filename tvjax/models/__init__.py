@@ -13,7 +13,8 @@ Modules:
 
 from tvjax._extras import require
 
-for _package in ("flax", "tokenizers", "jinja2", "gguf", "safetensors"):
+# the packages the modules import at their top; gguf and safetensors are asked for where a file is read
+for _package in ("flax", "tokenizers", "jinja2"):
     require(_package, "models", "language models in JAX")
 
 from tvjax.models.config import ModelConfig

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tvjax._extras import require
 from tvjax.engines.models import resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
 from tvjax.models import decode_loop, language_model, load_gguf, load_hf_folder, tokenizer_from_gguf
@@ -83,8 +84,7 @@ def model_eos_ids(model: str) -> list[int]:
     """The EOS ids of a model spec as this engine reads them (its tokenizer's), without the weights."""
     folder, gguf = resolve(model)
     if gguf is not None:
-        import gguf as gguf_lib
-
+        gguf_lib = require("gguf", "models", "GGUF files")
         tokenizer = tokenizer_from_gguf(gguf_metadata(gguf_lib.GGUFReader(str(folder / gguf))))
     else:
         tokenizer = tokenizer_from_folder(folder, json.loads((folder / "config.json").read_text()).get("eos_token_id"))

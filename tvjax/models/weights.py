@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
+from tvjax._extras import require
 from tvjax.engines.models import smollm2_gguf
 from tvjax.models.config import ModelConfig, check_config, config_from_gguf, config_from_hf, config_to_hf
 from tvjax.models.quantize import GGUF_BLOCK, GGUF_FORMATS, check_group_size, gguf_blocks, quantize_int4, quantize_int8
@@ -108,7 +109,7 @@ def hf_weights(model):
 
 def save_hf_folder(model, folder):
     """Write config.json + model.safetensors that transformers loads as the same model."""
-    from safetensors.numpy import save_file
+    save_file = require("safetensors.numpy", "models", "Hugging Face folders").save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,7 @@ def random_model(config, key):
 def load_hf_folder(folder):
     """A LoadedModel from a Hugging Face folder: config.json, *.safetensors, and tokenizer.json
     when present. Weights keep their stored dtype (bfloat16 checkpoints stay bfloat16)."""
-    from safetensors import safe_open
+    safe_open = require("safetensors", "models", "Hugging Face folders").safe_open
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -181,7 +182,7 @@ def gguf_metadata(reader):
 
 def dequantized(reader, config):
     """Hugging Face name -> float32 numpy weight of every tensor of the file, Llama q/k un-permuted."""
-    from gguf.quants import dequantize
+    dequantize = require("gguf.quants", "models", "GGUF files").dequantize
 
     out = {}
     for tensor in reader.tensors:
@@ -198,7 +199,7 @@ def dequantized(reader, config):
 def load_gguf(path):
     """A LoadedModel (float32 weights, dequantized) and its tokenizer (None if the file has no
     vocabulary) from a GGUF file."""
-    import gguf
+    gguf = require("gguf", "models", "GGUF files")
 
     path = Path(path)
     if not path.is_file():
@@ -241,7 +242,7 @@ def _gguf_linear_blocks(path, config, module_paths):
     """Linear state path -> (format, q, d, m) stacked over layers, of every Linear whose tensors
     the GGUF file stores (all layers alike) in a block format of GGUF_FORMATS; Llama q/k rows
     un-permuted as `dequantized` does."""
-    import gguf
+    gguf = require("gguf", "models", "GGUF files")
 
     reader = gguf.GGUFReader(str(path))
     tensors = {gguf_to_hf_name(t.name): t for t in reader.tensors}
