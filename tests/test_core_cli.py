@@ -31,4 +31,5 @@ def test_bad_options_are_usage_errors(argv, capsys):
         cli.main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "usage:" in err and "Traceback" not in err and argv[0] in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and argv[0] in err
+    assert err.startswith("tvjax: error: ") and err.strip().endswith("(see tvjax --help)")

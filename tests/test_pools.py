@@ -86,15 +86,21 @@ def assert_same_pool(p, q):
             np.testing.assert_array_equal(p.topk_logprobs[side][sc], q.topk_logprobs[side][sc])
 
 
+def assert_campaign(loaded):
+    """`loaded` holds the campaign's data (`engine_data`), all of it."""
+    tokens, draws, ids, tlp = engine_data()
+    for side in ("pi", "mu"):
+        np.testing.assert_array_equal(loaded.tokens[side], tokens[side])
+        for sc in SCORERS:
+            np.testing.assert_array_equal(loaded.logprobs[side][sc], draws[(side, sc)])
+            np.testing.assert_array_equal(loaded.topk_ids[side][sc], ids[(side, sc)])
+            np.testing.assert_array_equal(loaded.topk_logprobs[side][sc], tlp[(side, sc)])
+
+
 def test_round_trip(tmp_path):
     run_campaign(tmp_path / "pool")
     pool = load_pool(tmp_path / "pool")
-    tokens, draws, ids, tlp = engine_data()
-    for side in ("pi", "mu"):
-        np.testing.assert_array_equal(pool.tokens[side], tokens[side])
-        for sc in SCORERS:
-            np.testing.assert_array_equal(pool.logprobs[side][sc], draws[(side, sc)])
-            np.testing.assert_array_equal(pool.topk_ids[side][sc], ids[(side, sc)])
+    assert_campaign(pool)
     assert pool.logprobs["mu"]["vllm"].dtype == np.float32 and pool.tokens["pi"].dtype == np.int32
     assert pool.metadata["model"] == "m" and pool.metadata["format_version"] == FORMAT_VERSION
     assert pool.spec.samplers == SCORERS and pool.passes.tolist() == list(range(R))

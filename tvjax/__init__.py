@@ -17,6 +17,10 @@ The public names below are re-exported here explicitly and loaded on first use, 
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -39,6 +43,59 @@ _EXPORTS = {name: module for module, names in _PUBLIC.items() for name in names}
 
 SUBPACKAGES = ("core", "pools", "audit", "models", "engines", "studykit", "cli")
 
+# Modules of tvjax 0.1.0's flat layout and their homes now (CHANGELOG.md): the old names still
+# import, as the same module objects, with a DeprecationWarning naming the new home.
+MOVED = {
+    **{f"tvjax.{name}": f"tvjax.core.{name}" for name in ("instances", "oracles", "programs", "streaming", "schedules",
+                                                         "currency", "cost", "validate", "sharding", "jsonable",
+                                                         "binomial", "studies", "api", "estimators")},
+    "tvjax.synthetic_pool": "tvjax.pools.synthetic",
+    "tvjax.analysis": "tvjax.pools.analysis",
+    "tvjax.report": "tvjax.pools.report",
+    "tvjax.sequential": "tvjax.audit.sequential",
+    "tvjax.distinguish": "tvjax.audit.distinguish",
+    "tvjax.jax_engine": "tvjax.models.jax_engine",
+}
+
+
+def _moved(old):
+    warnings.warn(f"{old} moved to {MOVED[old]}; import it from there", DeprecationWarning, stacklevel=3)
+    return importlib.import_module(MOVED[old])
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import tvjax.sequential` (and its submodules) gives the module at its new home."""
+
+    @staticmethod
+    def _target(fullname):
+        head = next((old for old in MOVED if fullname == old or fullname.startswith(old + ".")), None)
+        return None if head is None else MOVED[head] + fullname[len(head):]
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = self._target(fullname)
+        if new is None:
+            return None
+        real = importlib.util.find_spec(new)
+        return importlib.util.spec_from_loader(fullname, self, is_package=real.submodule_search_locations is not None)
+
+    def get_code(self, fullname):  # what `python -m tvjax.report` runs
+        new = self._target(fullname)
+        warnings.warn(f"{fullname} moved to {new}; run python -m {new}", FutureWarning, stacklevel=2)
+        return importlib.util.find_spec(new).loader.get_code(new)
+
+    def create_module(self, spec):
+        new = self._target(spec.name)
+        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        self._real_spec = module.__spec__  # the import system sets __spec__ to the alias's next
+        return module
+
+    def exec_module(self, module):
+        module.__spec__ = self._real_spec
+
+
+sys.meta_path.insert(0, _MovedModules())  # before the path finder, which would load a second copy
+
 __all__ = sorted(_EXPORTS)
 
 
@@ -49,6 +106,8 @@ def __getattr__(name):
         return value
     if name in SUBPACKAGES:
         return importlib.import_module(f"tvjax.{name}")
+    if f"tvjax.{name}" in MOVED:
+        return _moved(f"tvjax.{name}")
     raise AttributeError(f"module 'tvjax' has no attribute {name!r}")
 
 

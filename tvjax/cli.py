@@ -2,13 +2,15 @@
 `python -m tvjax gate ...`: is TV(pi, mu) below a tolerance? PASS / FAIL / INCONCLUSIVE, exit 0 / 1 / 2."""
 
 import argparse
+import functools
 import json
-import math
 import sys
 import time
+from pathlib import Path
 
 import jax
 
+from tvjax._arguments import Parser, count, integer, nonnegative, output_file, positive, probability, random_seed
 from tvjax._extras import MissingExtra
 from tvjax.core.api import estimate_tv
 from tvjax.core.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
@@ -53,20 +55,43 @@ def run(seed=0, eps=0.05, delta=0.1, sigma=0.1, emit=print):
     return truth, rows
 
 
-def _number(low, high=None):
-    """An argparse type: a finite float in (low, high), or >= low when high is None."""
+# the inputs each row's sample sizes and repeat counts depend on
+ROW_INPUTS = {"exact": ("eps", "delta"), "noisy": ("eps", "delta", "sigma"), "sampler": ("eps", "delta")}
 
-    def parse(text):
+
+def check_reach(eps=0.05, delta=0.1, sigma=0.1):
+    """Trace every row's estimate without running it (`jax.eval_shape`, a fraction of a second), so that
+    the core's own checks refuse an eps, delta or sigma whose sample sizes or repeat counts tvjax cannot
+    count (int32) before the first row runs, not after the rows before it: a ValueError naming the
+    row, its flags and the core's reason."""
+    pi, mu = paper_block_pair()
+    values = {"eps": eps, "delta": delta, "sigma": sigma}
+    for access, _ in ACCESS_ROWS:
+        estimate = functools.partial(estimate_tv, pi=pi, mu=mu, access=access, eps=eps, delta=delta, sigma=sigma)
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        inside = math.isfinite(value) and (low < value < high if high is not None else value >= low)
-        if not inside:
-            raise argparse.ArgumentTypeError(f"{text} is not in {f'({low}, {high})' if high is not None else f'[{low}, inf)'}")
-        return value
+            jax.eval_shape(estimate, jax.random.PRNGKey(0))
+        except (ValueError, OverflowError) as error:
+            flags = " ".join(f"--{name} {values[name]:g}" for name in ROW_INPUTS[access])
+            raise ValueError(f"{flags}: the {access} row cannot run: {error or type(error).__name__}") from error
 
-    return parse
+
+def _model(text):
+    """--model: 'smollm2', 'random:<arch>[:<vocab_size>]', or a .gguf file or Hugging Face folder that exists
+    (checked before any work; `tvjax.models.pairs.load_model` reads it)."""
+    if text == "smollm2" or text.startswith("random:") or Path(text).expanduser().exists():
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: no such file or folder (or use 'smollm2' or 'random:<arch>')")
+
+
+def _json_object(text):
+    """A JSON object (request fields) -> dict."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _keyword(text):
@@ -129,31 +154,23 @@ def verdict_line(result):
             f"{e.observations} observations, {e.queries:.3g} queries")
 
 
-class _GateParser(argparse.ArgumentParser):
-    """Usage errors exit 3, not argparse's 2: 2 is the gate's INCONCLUSIVE."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(3, f"{self.prog}: error: {message}\n")
-
-
-def gate_main(argv):
-    parser = _GateParser(prog="tvjax gate", description="Is TV(pi, mu) below tau at confidence 1 - delta? "
+def gate_parser():
+    parser = Parser(error_status=3, prog="tvjax gate", description="Is TV(pi, mu) below tau at confidence 1 - delta? "
                                      "Samples in rounds until a confidence sequence decides: PASS (exit 0), FAIL (1) "
                                      "or INCONCLUSIVE when the budget is spent (2); bad input exits 3.")
     parser.add_argument("--pair", choices=sorted(PAIRS), default="block",
                         help="; ".join(f"{k}: {v}" for k, v in PAIRS.items()))
-    parser.add_argument("--tau", type=_number(0.0, 1.0), required=True, help="the TV tolerance, in (0, 1)")
-    parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.05, help="error probability, in (0, 1)")
-    parser.add_argument("--budget", type=_number(0.0), default=None, help="query budget (default 1e9; a pool: its rows)")
+    parser.add_argument("--tau", type=probability, required=True, help="the TV tolerance, in (0, 1)")
+    parser.add_argument("--delta", type=probability, default=0.05, help="error probability, in (0, 1)")
+    parser.add_argument("--budget", type=positive, default=None, help="query budget, > 0 (default 1e9; a pool: its rows)")
     parser.add_argument("--access", choices=("exact", "noisy", "sampler"), default="exact")
-    parser.add_argument("--sigma", type=_number(0.0), default=None, help="the noisy oracle's relative noise")
-    parser.add_argument("--round-size", type=int, default=256, help="observations per round")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the whole record here")
-    parser.add_argument("--model", default="smollm2", help="lm pair: smollm2, a .gguf file or a Hugging Face folder")
+    parser.add_argument("--sigma", type=nonnegative, default=None, help="the noisy oracle's relative noise, >= 0")
+    parser.add_argument("--round-size", type=count, default=256, help="observations per round, >= 1")
+    parser.add_argument("--seed", type=random_seed, default=0)
+    parser.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the whole record here")
+    parser.add_argument("--model", type=_model, default="smollm2", help="lm pair: smollm2, a .gguf file or a Hugging Face folder")
     parser.add_argument("--prompt", default="Write a short poem about the sea.", help="lm pair: a user message")
-    parser.add_argument("--n", type=int, default=16, help="lm pair: continuation length (at most, with --eos stop)")
+    parser.add_argument("--n", type=count, default=16, help="lm pair: continuation length (at most, with --eos stop)")
     parser.add_argument("--eos", choices=("suppress", "stop"), default="suppress",
                         help="lm pair: suppress EOS (the paper's n tokens) or stop a continuation at it, as served")
     parser.add_argument("--pi", type=_keyword, nargs="*", default=[], metavar="KEY=VALUE", help="lm pair: pi's variant")
@@ -164,6 +181,11 @@ def gate_main(argv):
     parser.add_argument("--scorers", nargs=2, default=None, metavar=("PI", "MU"),
                         help="pool: the two scorers to compare (default the pool's samplers)")
     parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off")
+    return parser
+
+
+def gate_main(argv):
+    parser = gate_parser()
     args = parser.parse_args(argv)
     if args.access == "noisy" and args.sigma is None:
         parser.error("--access noisy needs --sigma")
@@ -180,7 +202,7 @@ def gate_main(argv):
             budget = 1e9 if args.budget is None else args.budget
             result = gate(jax.random.key(args.seed), pi, mu, args.tau, args.delta, budget, args.access,
                           args.round_size, args.sigma, on_round=progress)
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # OSError: a model or pool file that cannot be read
         parser.exit(3, f"tvjax gate: error: {error}\n")
     print(verdict_line(result), flush=True)
     for scorer, floor in (result.noise_floor or {}).items():
@@ -207,31 +229,35 @@ def text_tokenizer(spec):
     return load_model(spec).tokenizer
 
 
-def distinguish_main(argv):
-    parser = _GateParser(prog="tvjax distinguish", description="A certified lower bound on the TV between two "
+def distinguish_parser():
+    parser = Parser(error_status=3, prog="tvjax distinguish", description="A certified lower bound on the TV between two "
                                            "text-only chat endpoints (OpenAI-compatible, no log-probabilities): a "
                                            "classifier trained on half of their completions, counted on the other half.")
     for side in ("pi", "mu"):
         parser.add_argument(f"--{side}-url", required=True, help=f"{side}'s base URL, e.g. http://127.0.0.1:8000/v1")
         parser.add_argument(f"--{side}-model", default=None, help=f"{side}'s served model (default: ask /models)")
-        parser.add_argument(f"--{side}-extra", default=None, metavar="JSON", help=f"more request fields for {side}")
+        parser.add_argument(f"--{side}-extra", type=_json_object, default={}, metavar="JSON",
+                            help=f"more request fields for {side}, a JSON object")
     parser.add_argument("--prompt", default="Write a short poem about the sea.", help="the user message")
     parser.add_argument("--system", default=None, help="a system message")
-    parser.add_argument("--num", type=int, default=1000, help="completions per side (half of them test the classifier)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=_number(0.0), default=1.0)
+    parser.add_argument("--num", type=integer(2), default=1000, help="completions per side (half of them test the classifier)")
+    parser.add_argument("--max-tokens", type=count, default=64)
+    parser.add_argument("--temperature", type=nonnegative, default=1.0)
     parser.add_argument("--tokenizer", default="bytes", help="bytes (UTF-8, any endpoint) or a model: smollm2, .gguf, folder")
     parser.add_argument("--classifier", choices=("ngram", "transformer"), default="ngram")
-    parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delta", type=probability, default=0.05)
+    parser.add_argument("--seed", type=random_seed, default=0)
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
-    parser.add_argument("--requests-per-second", type=_number(0.0), default=10.0)
-    parser.add_argument("--samples", default="endpoint_samples.jsonl", metavar="PATH",
+    parser.add_argument("--requests-per-second", type=positive, default=10.0)
+    parser.add_argument("--samples", type=output_file, default="endpoint_samples.jsonl", metavar="PATH",
                         help="the completions, kept: a rerun reuses them and asks only for what is missing")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the whole record here")
-    args = parser.parse_args(argv)
-    from pathlib import Path
+    parser.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the whole record here")
+    return parser
 
+
+def distinguish_main(argv):
+    parser = distinguish_parser()
+    args = parser.parse_args(argv)
     from tvjax.audit.distinguish import distinguish_texts
     from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: httpx and numpy
     from tvjax.engines.protocol import EngineError
@@ -239,14 +265,14 @@ def distinguish_main(argv):
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
     config = lambda side: {"base_url": getattr(args, f"{side}_url"), "served_model": getattr(args, f"{side}_model"),
                            "api_key_env": args.api_key_env, "temperature": args.temperature,
-                           "extra_body": json.loads(getattr(args, f"{side}_extra") or "{}"), "max_requests": args.num,
+                           "extra_body": getattr(args, f"{side}_extra"), "max_requests": args.num,
                            "requests_per_second": args.requests_per_second}
     try:
         texts = [stored_texts(Path(args.samples), side, config(side), messages, args.num, args.max_tokens,
                               2 * args.seed + index) for index, side in enumerate(("pi", "mu"))]
         result = distinguish_texts(jax.random.key(args.seed), *texts, text_tokenizer(args.tokenizer),
                                    classifier=args.classifier, delta=args.delta)
-    except (ValueError, EngineError) as error:
+    except (ValueError, OSError, EngineError) as error:  # OSError: a tokenizer's model file that cannot be read
         parser.exit(3, f"tvjax distinguish: error: {error}\n")
     print(f"TV >= {result.lower_bound:.4f} at {100 * (1 - args.delta):g}% (estimate {result.estimate:.4f}; "
           f"{result.pi_test} + {result.mu_test} held-out completions, {args.classifier} classifier)", flush=True)
@@ -254,6 +280,18 @@ def distinguish_main(argv):
         with open(args.json, "w") as handle:
             json.dump(to_jsonable({"args": vars(args), **result._asdict()}), handle, indent=2)
     return 0
+
+
+def main_parser():
+    parser = Parser(prog="tvjax", description=__doc__)
+    parser.add_argument("--seed", type=random_seed, default=0)
+    parser.add_argument("--eps", type=probability, default=0.05, help="target accuracy, in (0, 1)")
+    parser.add_argument("--delta", type=probability, default=0.1, help="failure probability, in (0, 1)")
+    parser.add_argument("--sigma", type=nonnegative, default=0.1, help="relative noise of the noisy oracle, >= 0")
+    parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off",
+                        help="JAX's persistent compilation cache (default: $TVJAX_COMPILATION_CACHE, else "
+                             "~/.cache/tvjax/jax-compilation); off to opt out")
+    return parser
 
 
 def main(argv=None):
@@ -265,16 +303,13 @@ def main(argv=None):
         except MissingExtra as error:  # an optional feature without its extra: one line, the bad-input exit 3
             print(f"tvjax {argv[0]}: error: {error}", file=sys.stderr)
             sys.exit(3)
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eps", type=_number(0.0, 1.0), default=0.05, help="target accuracy, in (0, 1)")
-    parser.add_argument("--delta", type=_number(0.0, 1.0), default=0.1, help="failure probability, in (0, 1)")
-    parser.add_argument("--sigma", type=_number(0.0), default=0.1, help="relative noise of the noisy oracle, >= 0")
-    parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off",
-                        help="JAX's persistent compilation cache (default: $TVJAX_COMPILATION_CACHE, else "
-                             "~/.cache/tvjax/jax-compilation); off to opt out")
+    parser = main_parser()
     args = parser.parse_args(argv)
     enable_compilation_cache(args.compilation_cache)
+    try:
+        check_reach(args.eps, args.delta, args.sigma)
+    except ValueError as error:
+        parser.error(str(error))
     run(args.seed, args.eps, args.delta, args.sigma, emit=lambda line: print(line, flush=True))
 
 

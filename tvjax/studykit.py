@@ -21,6 +21,7 @@ import importlib.metadata
 import io
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -41,6 +42,7 @@ require("matplotlib", "experiments", "tvjax's Hydra studies")
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -155,6 +157,46 @@ def build(cfg, **overrides):
 # --------------------------------------------------------------------------- the config a study reads
 
 
+# Integers under `study` are counts (seeds, rounds, sizes, repeats, epochs) and must be >= 1,
+# except these keys; sub-configs with a _target_ (instances) are checked by their constructors.
+NON_COUNT_KEYS = frozenset({"seed", "point"})
+
+
+def check_study_values(study, where="study"):
+    """Refuse a count < 1 or a negative or non-finite number anywhere in a study config, naming its
+    key: a study run with study.rounds=-1 would otherwise report on nothing."""
+    if isinstance(study, dict):
+        if "_target_" in study:
+            return
+        items = study.items()
+    elif isinstance(study, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(study))
+    else:
+        return
+    for key, value in items:
+        name = f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}"
+        if isinstance(value, bool) or key in NON_COUNT_KEYS:
+            continue
+        if isinstance(value, int) and value < 1:
+            raise ConfigError(f"{name} must be a count >= 1, got {value}")
+        if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        check_study_values(value, name)
+
+
+def _refuse_masked_overrides(smoke):
+    """Under smoke=true, study_smoke's keys replace study's: a command-line study.K=v whose K the
+    smoke settings also set would be dropped without a word, so it is refused."""
+    if not HydraConfig.initialized():
+        return
+    for override in HydraConfig.get().overrides.task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        inner, absent = key[len("study."):], object()
+        if key.startswith("study.") and OmegaConf.select(OmegaConf.create(smoke), inner, default=absent) is not absent:
+            raise ConfigError(f"{override} has no effect under smoke=true, where study_smoke.{inner} "
+                              f"replaces it: override study_smoke.{inner} instead, or drop smoke=true")
+
+
 def study_view(cfg, reads):
     """The top-level keys `reads` of cfg, resolved, as a struct config (reading another key
     raises); `study` is cfg.study with cfg.study_smoke merged over it when smoke=true."""
@@ -165,8 +207,14 @@ def study_view(cfg, reads):
     view = {}
     for key in reads:
         value = cfg[key]
+        if key == "study":
+            check_study_values(OmegaConf.to_container(value, resolve=True))
         if key == "study" and cfg.get("smoke", False):
-            value = OmegaConf.merge(value, cfg.get("study_smoke", {}))
+            smoke = cfg.get("study_smoke", {})
+            check_study_values(OmegaConf.to_container(smoke, resolve=True) if OmegaConf.is_config(smoke) else smoke,
+                               "study_smoke")
+            _refuse_masked_overrides(smoke)
+            value = OmegaConf.merge(value, smoke)
         view[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     view = OmegaConf.create(view)
     OmegaConf.set_struct(view, True)
@@ -310,8 +358,15 @@ def _quietly(study, view):
 def run_study(cfg, study: Callable, reads, out_dir=None):
     """Run study(view) once into out_dir (the Hydra job folder by default), where view holds the
     config keys `reads`; skip it when a done-marker with the same digest of that view is there.
-    Returns the results.json content."""
-    view = study_view(cfg, reads)
+    Returns the results.json content. Under a Hydra run (not a multirun), a config it cannot run
+    is one line on stderr and exit status 2, as the command lines do; elsewhere a ConfigError."""
+    try:
+        view = study_view(cfg, reads)
+    except ConfigError as e:
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+            raise
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        sys.exit(2)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir
     out_dir = Path(out_dir)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from tvjax.core.estimators import Estimate, lookup
 from tvjax.core.oracles import ACCESS_MODELS, LogitNoise, Noisy
-from tvjax.core.schedules import Samples, groups_for_confidence, paper_schedule
-from tvjax.core.validate import check_pair, check_range
+from tvjax.core.schedules import MAX_COUNT, Samples, groups_for_confidence, paper_schedule
+from tvjax.core.validate import check_key, check_pair, check_range, is_concrete
 
 
 class TVEstimate(NamedTuple):
@@ -65,21 +65,43 @@ def resolve_oracle(access, sigma=None, scale=None):
     return ACCESS_MODELS[access]()
 
 
+def _check_count(what, count, advice):
+    """The sizes an (eps, delta, noise) asks for must be countable (int32) by the estimators."""
+    if count > MAX_COUNT:
+        raise ValueError(f"{what} needs {count:.3g} trajectories or repeats, more than tvjax counts "
+                         f"({MAX_COUNT}, int32): {advice}")
+
+
+def _finite_estimate(result):
+    """A NaN estimate means a process gave NaN log-probabilities: refuse it, never return it."""
+    if is_concrete(result.value) and not math.isfinite(float(result.value)):
+        raise FloatingPointError("the estimate is NaN: a process returned NaN log-probabilities (check its "
+                                 "path_logprobs; tvjax's own processes refuse such tables when built)")
+    return result
+
+
 def estimate_tv(key, pi, mu, access="exact", eps=0.05, delta=0.1, sigma=None, scale=None):
     """Estimate TV(pi, mu) to accuracy eps with probability 1 - delta.
 
     exact logits: Algorithm 1 with N = ceil(ln(2/delta) / (2 eps^2)) (Hoeffding on R in [0, 1]);
     noisy, logit-noise and sampler access: Algorithm 3 with the paper's schedule for that noise
-    level and a median of ceil(8 ln(1/delta)) groups.
+    level and a median of ceil(8 ln(1/delta)) groups. Sizes beyond int32 (eps very small, sigma
+    very large) are refused up front, naming eps and the noise level.
     """
+    check_key(key)
     check_pair(pi, mu)
     check_range("eps", eps, 0.0, 1.0, low_open=True, high_open=True)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    eps, delta = float(eps), float(delta)
     oracle = resolve_oracle(access, sigma, scale)
     noise = oracle.noise_level(pi, mu)
     if noise == 0.0:
         num = max(2, math.ceil(math.log(2 / delta) / (2 * eps**2)))
-        return confidence_interval(lookup("likelihood_ratio").fn(key, pi, mu, oracle, Samples(num)), delta)
+        _check_count(f"eps={eps:g}, delta={delta:g}", num, "raise eps")
+        return _finite_estimate(confidence_interval(lookup("likelihood_ratio").fn(key, pi, mu, oracle, Samples(num)), delta))
     schedule = paper_schedule(eps, noise, pi.n)
+    _check_count(f"eps={eps:g} at noise level {noise:g} (n={pi.n})", max(max(part) for part in schedule),
+                 "raise eps or lower the noise")
     groups = groups_for_confidence(delta)
-    return confidence_interval(lookup("multilevel").fn(key, pi, mu, oracle, schedule, num_groups=groups), delta)
+    return _finite_estimate(confidence_interval(lookup("multilevel").fn(key, pi, mu, oracle, schedule, num_groups=groups),
+                                                delta))

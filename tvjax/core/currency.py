@@ -37,6 +37,12 @@ class Realized(NamedTuple):
 LOG_FLOOR = 1e-12
 
 
+def _nan_where_nan(term, log_p_pi, log_p_mu):
+    """NaN wherever an input is NaN: the where()s above would turn a NaN score into 0 or 1 (a
+    plausible number), so it is carried to the estimate, whose front doors refuse it."""
+    return jnp.where(jnp.isnan(log_p_pi) | jnp.isnan(log_p_mu), jnp.nan, term)
+
+
 def mixture_z(log_p_pi, log_p_mu):
     """Z = |pi - mu| / (pi + mu) = tanh(|L_pi - L_mu| / 2); E_{X~(pi+mu)/2}[Z] = TV.
 
@@ -47,7 +53,7 @@ def mixture_z(log_p_pi, log_p_mu):
     either_zero = jnp.isneginf(log_p_pi) | jnp.isneginf(log_p_mu)
     # Substitute finite values before subtracting so -inf - -inf never forms a NaN.
     diff = jnp.where(either_zero, 0.0, log_p_pi - log_p_mu)
-    return jnp.where(either_zero, 1.0, jnp.tanh(jnp.abs(diff) / 2))
+    return _nan_where_nan(jnp.where(either_zero, 1.0, jnp.tanh(jnp.abs(diff) / 2)), log_p_pi, log_p_mu)
 
 
 def likelihood_ratio_term(log_p_pi, log_p_mu):
@@ -59,7 +65,7 @@ def likelihood_ratio_term(log_p_pi, log_p_mu):
     pi_zero = jnp.isneginf(log_p_pi)
     log_ratio = jnp.where(pi_zero, 0.0, log_p_mu - log_p_pi)
     term = jnp.maximum(1.0 - jnp.exp(jnp.minimum(log_ratio, 0.0)), 0.0)
-    return jnp.where(pi_zero, 0.0, term)
+    return _nan_where_nan(jnp.where(pi_zero, 0.0, term), log_p_pi, log_p_mu)
 
 
 def log_clipped_mean(prob_sum, repeats, floor):

@@ -17,7 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from tvjax.core.currency import Realized, likelihood_ratio_term
-from tvjax.core.validate import check_pair, check_positive_int, check_probability_vector, check_range
+from tvjax.core.validate import (
+    check_log_distribution,
+    check_logits,
+    check_pair,
+    check_positive_int,
+    check_probability_vector,
+    check_range,
+    is_concrete,
+)
 
 NEG_INF = -jnp.inf
 
@@ -25,6 +33,15 @@ NEG_INF = -jnp.inf
 def _pytree(cls, meta):
     data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
     return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+
+
+def _concrete_array(value):
+    """`value` as a numpy array when it is a concrete array, else None. Processes are pytrees, so
+    their constructors also run on unflattening, where leaves may be tracers or the placeholders
+    of jax's tree utilities (an int of vmap's in_axes, None): those are not checked."""
+    if isinstance(value, (np.ndarray, jax.Array, np.generic, float)) and is_concrete(value):
+        return np.asarray(value)
+    return None
 
 
 def _bits_to_int(bits):
@@ -59,6 +76,18 @@ class BlockProcess:
     construction: Optional[BlockConstruction] = None  # set by block_pair
     vocab_size: int = 2
     max_support: int = 2
+
+    def __post_init__(self):
+        paths, final_p1 = _concrete_array(self.hidden_paths), _concrete_array(self.final_p1)
+        if paths is not None and (paths.ndim < 2 or paths.shape[-1] != self.n - self.block_bits - 1):
+            raise ValueError(f"hidden_paths must have shape [num_blocks, n - block_bits - 1] = "
+                             f"[*, {self.n - self.block_bits - 1}], got {paths.shape}")
+        if paths is not None and not np.isin(paths, (0, 1)).all():
+            raise ValueError("hidden_paths must be bits (0 or 1)")
+        if final_p1 is not None:
+            check_range("final_p1", final_p1, 0.0, 1.0)
+            if paths is not None and final_p1.shape != paths.shape[:-1]:
+                raise ValueError(f"final_p1 has shape {final_p1.shape}, expected one per block: {paths.shape[:-1]}")
 
     @property
     def random_words_per_sample(self):
@@ -225,6 +254,16 @@ class RareEscapeProcess:
     n: int
     vocab_size: int  # K + 1: "stay" and the K outcomes
 
+    def __post_init__(self):
+        outcome_probs, escape_prob = _concrete_array(self.outcome_probs), _concrete_array(self.escape_prob)
+        if outcome_probs is not None:
+            check_probability_vector("outcome_probs", outcome_probs)
+            if outcome_probs.shape[-1:] != (self.vocab_size - 1,):
+                raise ValueError(f"outcome_probs has shape {outcome_probs.shape}, expected "
+                                 f"({self.vocab_size - 1},) = vocab_size - 1")
+        if escape_prob is not None:
+            check_range("escape_prob", escape_prob, 0.0, 1.0, low_open=True)
+
     @property
     def max_support(self):
         """Largest next-token support: every token is possible before the escape."""
@@ -312,6 +351,11 @@ class CoinProcess:
     vocab_size: int = 2
     max_support: int = 2
 
+    def __post_init__(self):
+        p1 = _concrete_array(self.p1)
+        if p1 is not None:
+            check_range("p1", p1, 0.0, 1.0)
+
     def _logs(self):
         p1 = jnp.asarray(self.p1, jnp.float32)
         return jnp.log1p(-p1), jnp.log(p1)
@@ -331,11 +375,16 @@ class CoinProcess:
 _pytree(CoinProcess, ["n", "vocab_size", "max_support"])
 
 
+MAX_COINS = 2**24
+
+
 def coin_pair(n=64, shift=0.25):
     """(pi, mu) = (Bern(1/2 + a)^n, Bern(1/2 - a)^n) with a = shift / sqrt(n), so the TV stays
     near 2 Phi(2 shift) - 1 (about 0.38 at shift 0.25) as n grows; exact TV by a sum over the
     number of ones, the pair's sufficient statistic."""
     n = check_positive_int("n", n)
+    if n > MAX_COINS:
+        raise ValueError(f"coin_pair needs n <= {MAX_COINS} (its exact TV sums n + 1 terms), got n={n}")
     a = float(shift) / math.sqrt(n)
     check_range("shift / sqrt(n)", a, 0.0, 0.5, low_open=True, high_open=True)
     return CoinProcess(np.float64(0.5 + a), n), CoinProcess(np.float64(0.5 - a), n)
@@ -380,6 +429,19 @@ class TabularProcess:
     max_support: int
     eos_ids: tuple = ()  # stop tokens, absorbing in the table (see stopping_tabular_pair)
 
+    def __post_init__(self):
+        """Refuse a table that is no distribution (NaN, +inf, a row of all -inf, or a row whose
+        probabilities do not sum to 1 within validate.LOG_MASS_ATOL in log space), naming the row."""
+        table = _concrete_array(self.logprobs)
+        if table is None:
+            return
+        expected = (self.n, self.vocab_size**self.context_len, self.vocab_size)
+        if table.shape[-3:] != expected:  # leading axes: a stack of processes, for vmap
+            raise ValueError(f"logprobs must have shape [n, V**context_len, V] = {list(expected)}, got {list(table.shape)}")
+        check_log_distribution("logprobs[position, context]", table)
+        if any(not 0 <= int(eos) < self.vocab_size for eos in self.eos_ids):
+            raise ValueError(f"eos_ids {self.eos_ids} must be token ids in [0, {self.vocab_size})")
+
     def _contexts(self, tokens):
         """Context index of every position [num, n]."""
         c = self.context_len
@@ -417,6 +479,7 @@ class TabularProcess:
         n, num_ctx, V = logits.shape
         if num_ctx != V**context_len:
             raise ValueError(f"table has {num_ctx} contexts, expected V**context_len = {V**context_len}")
+        check_logits("logits[position, context]", logits)
         check_range("temperature", temperature, 0.0, low_open=True)
         if top_k is not None:
             top_k = check_positive_int("top_k", top_k)

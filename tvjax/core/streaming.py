@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tvjax.core.sharding import random_streams
-from tvjax.core.validate import all_concrete
+from tvjax.core.validate import all_concrete, check_positive_int
 
 # Trajectory positions one chunk holds at once (times the vocabulary for LogitNoise): bounds memory.
 CHUNK_POSITIONS = 2**20
@@ -210,3 +210,12 @@ def stream_chunk(process, oracle, sizes):
         return min(cap, oracle.traced_chunk_rows)
     rows = max(MIN_CHUNK_ROWS, math.ceil(int(np.sum(np.asarray(sizes, np.int64))) / CHUNKS_PER_STREAM))
     return min(cap, MAX_CHUNK_ROWS, 1 << (rows - 1).bit_length())
+
+
+def chosen_chunk(chunk, process, oracle, sizes):
+    """An estimator's `chunk` argument: None picks `stream_chunk`; otherwise any number of rows
+    >= 1. It need not divide the batch: the stream's last step reduces the rows that are left,
+    and every group's moments cover exactly its own rows."""
+    if chunk is None:
+        return stream_chunk(process, oracle, sizes)
+    return check_positive_int("chunk (rows per step)", chunk)

@@ -13,9 +13,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tvjax._arguments import Parser, count, integer, output_folder, random_seed, scorer_pair
 from tvjax._extras import require
 from tvjax.core.jsonable import to_jsonable
 from tvjax.pools import analysis as A
+from tvjax.pools.analysis.currency import check_hygiene, default_pair
 from tvjax.pools.store import PoolError, load_pool
 
 
@@ -197,10 +199,17 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
     Analyses that do not apply to the pool (too few repeats, no top-k readout) are reported as
     skipped with the reason; the TV estimate, prefix curve and zero-mass rates always run."""
 
-    pool = load_pool(pool_path)
     out = Path(out)
+    if out.resolve().is_relative_to(Path(pool_path).resolve()):
+        raise ValueError(f"out {str(out)!r} is inside the pool {str(pool_path)!r}: the report would write into its store")
+    pool = load_pool(pool_path)
+    for pair in compare:  # asked for by name: an unknown scorer refuses the report (the pool's own pairs may skip)
+        try:
+            default_pair(pool, pair)
+        except ValueError as error:
+            raise ValueError(f"compare {','.join(pair)}: {error}") from None
     out.mkdir(parents=True, exist_ok=True)
-    hygiene = A.Hygiene(True, permutations, seed)
+    hygiene = check_hygiene(A.Hygiene(True, permutations, seed))
     compare = list(compare) or [tuple(p) for p in pool.metadata.get("comparison_pairs", [])]
     pilot = max(2, min(64, pool.spec.num_per_side // 4)) if pilot_size is None else pilot_size
     res = {
@@ -222,28 +231,34 @@ def write_report(pool_path, out, *, compare=(), permutations: int = 8, pilot_siz
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tvjax.pools.report", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m tvjax.pools.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pool")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--compare", action="append", default=[], metavar="A,B",
+    parser.add_argument("--out", type=output_folder, required=True, metavar="DIR",
+                        help="the report's folder (created; an earlier report there is replaced)")
+    parser.add_argument("--compare", type=scorer_pair, action="append", default=[], metavar="A,B",
                         help="also compare the scorer pair A,B against the samplers (repeatable)")
-    parser.add_argument("--permutations", type=int, default=8)
-    parser.add_argument("--pilot-size", type=int, default=None)
-    parser.add_argument("--num-pilots", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--permutations", type=count, default=8, help="repeat permutations to average over, >= 1")
+    parser.add_argument("--pilot-size", type=integer(2), default=None, help="multilevel: pilot samples, >= 2")
+    parser.add_argument("--num-pilots", type=count, default=40, help="multilevel: pilot draws, >= 1")
+    parser.add_argument("--seed", type=random_seed, default=0)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Usage errors (a bad flag value, --out a file) exit 2 through argparse before the pool is read; a pool
+    that cannot be read or a --compare pair it does not hold returns 2 with one line, before any analysis."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    pairs = [tuple(c.split(",")) for c in args.compare]
     try:
-        out = write_report(args.pool, args.out, compare=pairs, permutations=args.permutations,
+        out = write_report(args.pool, args.out, compare=args.compare, permutations=args.permutations,
                            pilot_size=args.pilot_size, num_pilots=args.num_pilots, seed=args.seed)
     except (PoolError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"report written to {out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,16 @@ A pool holds, for each sampling side ("pi", "mu"), N trajectories of length n, a
 top-k ids and log-probabilities of every pass). It is a zarr v3 directory store plus a folder of
 commit markers. Every chunk is zstd-compressed and then carries a crc32c checksum, so a truncated,
 bit-flipped or overwritten chunk file is refused (naming its array and chunk) instead of decoding to
-wrong numbers; a deleted chunk file of a committed region is refused too.
+wrong numbers; a deleted chunk file of a committed region is refused too. Since format version 3
+every commit marker holds a manifest binding its shard's data to its place: the crc32 of each piece
+(the shard's block cut at chunk boundaries) of each array it wrote, and, for draws, the digests of
+the tokens shards they scored. So intact data in the wrong place (a chunk file copied over another,
+the token arrays of pi and mu swapped, a scorer's directory renamed to another's, tokens rewritten
+under draws scored on the old ones) is refused too, naming the array, rows, passes and marker. A
+marker that does not parse, lacks a field, or whose key, file name, kind, side, scorer, rows or
+passes disagree with each other or with the spec is refused naming the marker file. Pools of
+format version 2 (markers without manifests) still load, with a warning that their data's places
+are unchecked; a writer resuming one keeps writing version-2 markers.
 
 This module imports no JAX (only numpy, zarr and the standard library): engine bridges import it
 inside engine virtualenvs.
@@ -19,14 +28,17 @@ Layout of a pool directory::
     POOL/logprobs/{side}/{scorer}           float32 [N, n, R]     (-inf = zero mass)
     POOL/topk_ids/{side}/{scorer}           int32   [N, n, R, k]  (if spec.top_k)
     POOL/topk_logprobs/{side}/{scorer}      float32 [N, n, R, k]  (if spec.top_k)
-    POOL/commits/{shard}.json               one marker per committed shard
+    POOL/commits/{shard}.json               one marker per committed shard: key, kind, side, scorer,
+                                            rows, passes, committed_at, manifest (array path -> pieces:
+                                            rows, passes, crc32), tokens (draws: tokens key -> digest)
 
 Writes are shards: a block of rows of a side's tokens (``write_tokens``), or a block
 (rows a:b, passes c:d) of one scorer's draws on one side (``write_draws``). Data is written first,
 then the shard's marker is committed atomically (temp file + ``os.replace``). Only committed
 shards count: a campaign killed mid-shard loses that shard only, and a resumed writer rewrites it.
 Committed regions are append-only: a shard that overlaps a committed one is refused, so no
-trajectory is ever written twice or lost.
+trajectory is ever written twice or lost. Draws come after the tokens they score (their marker names
+those tokens shards).
 
 Outputs that stop at EOS (a pool created with `eos_ids`): a trajectory is its tokens up to and
 including its first EOS id, then the pad, eos_ids[0], to the end; `lengths` holds its real
@@ -49,11 +61,14 @@ Typical engine use (one replay pass over all N trajectories at a time)::
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
 import json
 import os
 import re
 import tempfile
+import warnings
+import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,13 +79,18 @@ from tvjax._extras import require
 zarr = require("zarr", "pools", "score pools")
 
 # 2: chunks carry a crc32c checksum (version 1 pools have none and are refused: recreate them)
-FORMAT_VERSION = 2
+# 3: commit markers carry a manifest (crc32 of each piece of the shard's data, the tokens draws scored):
+#    data in the wrong place is refused. Version 2 pools still load (places unchecked, with a warning).
+FORMAT_VERSION = 3
+_READABLE = (2, 3)
 SIDES = ("pi", "mu")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _COMMITS = "commits"
 # zarr's default zstd, then a checksum of the stored bytes: damage is caught before decompression
 _COMPRESSORS = (zarr.codecs.ZstdCodec(level=0, checksum=False), zarr.codecs.Crc32cCodec())
 _AXES = ("rows", "positions", "passes", "top-k")
+_FIELDS = ("key", "kind", "side", "scorer", "rows", "passes", "committed_at")
+_TOKENS_KEY = re.compile(r"^tokens\.(pi|mu)\.r(\d+)-(\d+)$")
 
 
 class PoolError(Exception):
@@ -234,16 +254,148 @@ def _write_json_atomic(path: Path, payload: dict) -> None:
             os.unlink(tmp)
 
 
-def _read_commits(path: Path) -> dict[str, dict]:
+def _shard_arrays(spec: PoolSpec, kind: str, side: str, scorer: str | None) -> list[str]:
+    """The arrays a shard of `kind` writes."""
+    if kind == "tokens":
+        return ([f"tokens/{side}"] + ([f"lengths/{side}"] if spec.stops else [])
+                + ([f"sample_logprobs/{side}"] if spec.sample_logprobs else []))
+    top = [f"topk_ids/{side}/{scorer}", f"topk_logprobs/{side}/{scorer}"] if spec.top_k is not None else []
+    return [f"logprobs/{side}/{scorer}"] + top
+
+
+def _cuts(span, size: int) -> list[tuple[int, int]]:
+    """`span` (start, stop) cut at the multiples of `size`."""
+    a, b = span
+    edges = [a, *range((a // size + 1) * size, b, size), b]
+    return list(zip(edges, edges[1:]))
+
+
+def _pieces(spec: PoolSpec, rows, passes) -> list[tuple[tuple[int, int], tuple[int, int] | None]]:
+    """(rows, passes or None) of each piece of a shard's block: the block cut at chunk boundaries,
+    so each piece lies in one chunk."""
+    row_pieces = _cuts(rows, min(spec.row_chunk, spec.num_per_side))
+    if passes is None:
+        return [(r, None) for r in row_pieces]
+    return [(r, p) for r in row_pieces for p in _cuts(passes, min(spec.pass_chunk, spec.repeats))]
+
+
+def _crc(block: np.ndarray) -> int:
+    """crc32 of a block's values (C order, little-endian): what binds a piece of data to its marker."""
+    return zlib.crc32(np.ascontiguousarray(block, dtype=block.dtype.newbyteorder("<")))
+
+
+def _manifest(spec: PoolSpec, blocks: dict[str, np.ndarray], rows, passes) -> dict[str, list[dict]]:
+    """Array path -> pieces ({rows, passes, crc32}) of the blocks a shard writes at rows (x passes),
+    computed from the blocks as written."""
+    out = {}
+    for name, block in blocks.items():
+        pieces = []
+        for r, p in _pieces(spec, rows, passes if block.ndim > 2 else None):
+            sub = block[r[0] - rows[0]:r[1] - rows[0]]
+            if p is not None:
+                sub = sub[:, :, p[0] - passes[0]:p[1] - passes[0]]
+            pieces.append({"rows": list(r), **({} if p is None else {"passes": list(p)}), "crc32": _crc(sub)})
+        out[name] = pieces
+    return out
+
+
+def _digest(rec: dict) -> str:
+    """Digest of a tokens marker's manifest: what a draws marker records of the tokens it scored."""
+    text = json.dumps(rec.get("manifest"), sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _is_span(x, total: int) -> bool:
+    return (isinstance(x, list) and len(x) == 2 and all(type(v) is int for v in x)
+            and 0 <= x[0] < x[1] <= total)
+
+
+def _marker_problem(rec, stem: str, spec: PoolSpec, version: int) -> str | None:
+    """What is wrong with a commit marker (None: nothing): fields, names, ranges, key, manifest."""
+    if not isinstance(rec, dict):
+        return "is not a JSON object"
+    missing = [f for f in _FIELDS if f not in rec]
+    if missing:
+        return f"lacks the fields {missing}"
+    kind, side, scorer, rows, passes = (rec[f] for f in ("kind", "side", "scorer", "rows", "passes"))
+    if kind not in ("tokens", "draws"):
+        return f"has unknown kind {kind!r}"
+    if side not in SIDES:
+        return f"has unknown side {side!r}"
+    if kind == "tokens" and scorer is not None:
+        return f"is a tokens marker with scorer {scorer!r}"
+    if kind == "draws" and scorer not in spec.scorers:
+        return f"names scorer {scorer!r}, not one of the pool's {list(spec.scorers)}"
+    if not _is_span(rows, spec.num_per_side):
+        return f"claims rows {rows!r}: not a non-empty range within [0, {spec.num_per_side}]"
+    if kind == "tokens" and passes is not None:
+        return f"is a tokens marker with passes {passes!r}"
+    if kind == "draws" and not _is_span(passes, spec.repeats):
+        return f"claims passes {passes!r}: not a non-empty range within [0, {spec.repeats}]"
+    key = tokens_key(side, *rows) if kind == "tokens" else draws_key(side, scorer, *rows, *passes)
+    if rec["key"] != key:
+        return f"holds key {rec['key']!r}, but its fields make {key!r}"
+    if stem != key:
+        return f"holds key {key!r}, not its file name"
+    if version < 3:
+        return None
+    manifest = rec.get("manifest")
+    expected = _shard_arrays(spec, kind, side, scorer)
+    if not isinstance(manifest, dict) or sorted(manifest) != sorted(expected):
+        return f"has no manifest of the arrays {expected} (format version {version} markers carry one)"
+    for name in expected:
+        shape = [{"rows": list(r), **({} if p is None else {"passes": list(p)})}
+                 for r, p in _pieces(spec, rows, passes if kind == "draws" else None)]
+        found = manifest[name]
+        if (not isinstance(found, list) or len(found) != len(shape)
+                or any(not isinstance(piece, dict) or type(piece.get("crc32")) is not int
+                       or not 0 <= piece["crc32"] < 2 ** 32 or {k: v for k, v in piece.items() if k != "crc32"} != want
+                       for piece, want in zip(found, shape))):
+            return f"has a manifest of {name} that does not describe its shard's pieces"
+    if kind == "draws":
+        scored = rec.get("tokens")
+        if not isinstance(scored, dict) or not scored:
+            return "names no tokens shards it scored (format version 3 draws markers do)"
+        covered = np.zeros(rows[1] - rows[0], bool)
+        for tkey, digest in scored.items():
+            m = _TOKENS_KEY.match(tkey) if isinstance(tkey, str) else None
+            if m is None or m.group(1) != side or not isinstance(digest, str):
+                return f"names {tkey!r} among the tokens it scored: not a tokens shard of side {side!r}"
+            a, b = max(int(m.group(2)) - rows[0], 0), max(int(m.group(3)) - rows[0], 0)
+            covered[a:b] = True
+        if not covered.all():
+            return f"names tokens shards {sorted(scored)} that do not cover its rows {rows[0]}:{rows[1]}"
+    return None
+
+
+def _read_commits(path: Path, spec: PoolSpec, version: int) -> dict[str, dict]:
+    """Every commit marker, validated (see `_marker_problem`; no two shards of one array overlap);
+    a bad one raises PoolError naming its file."""
     folder = path / _COMMITS
     if not folder.is_dir():
         raise PoolError(f"{path}: no '{_COMMITS}' folder; not a pool or damaged")
     out = {}
+    painted: dict[tuple, np.ndarray] = {}
     for f in sorted(folder.glob("*.json")):
         try:
             rec = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise PoolError(f"{path}: unreadable commit marker {f.name}: {e}") from e
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PoolError(f"pool {path}: unreadable commit marker {_COMMITS}/{f.name}: {e}") from e
+        problem = _marker_problem(rec, f.name[:-len(".json")], spec, version)
+        if problem:
+            raise PoolError(f"pool {path}: commit marker {_COMMITS}/{f.name} {problem}")
+        family = (rec["kind"], rec["side"], rec["scorer"])
+        mask = painted.setdefault(family, np.zeros((spec.num_per_side, spec.repeats), bool))
+        cells = (slice(*rec["rows"]), slice(None) if rec["passes"] is None else slice(*rec["passes"]))
+        if mask[cells].any():
+            other = next(k for k, o in out.items() if (o["kind"], o["side"], o["scorer"]) == family
+                         and _overlap(o["rows"], rec["rows"]) and (o["passes"] is None or _overlap(o["passes"], rec["passes"])))
+            raise PoolError(f"pool {path}: commit marker {_COMMITS}/{f.name} overlaps {_COMMITS}/{other}.json "
+                            "(committed regions never overlap)")
+        mask[cells] = True
+        if version < 3:  # unchecked there: never used
+            rec.pop("manifest", None)
+            rec.pop("tokens", None)
         out[rec["key"]] = rec
     return out
 
@@ -254,8 +406,12 @@ class PoolWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._group = _open_group(self.path, mode="r+")
-        self.spec, self.metadata = _read_header(self._group, self.path)
-        self._committed = _read_commits(self.path)
+        self.spec, self.metadata, self._version = _read_header(self._group, self.path)
+        if self._version < FORMAT_VERSION:
+            warnings.warn(f"pool {self.path} is format version {self._version}: resuming it writes version-"
+                          f"{self._version} commit markers too (no manifests: data's places stay unchecked); "
+                          "recreate the pool to have them checked", stacklevel=3)
+        self._committed = _read_commits(self.path, self.spec, self._version)
 
     def done_shards(self) -> set[str]:
         """Keys of all committed shards."""
@@ -303,19 +459,22 @@ class PoolWriter:
         key = tokens_key(side, *rows)
         self._refuse_overlap(key, "tokens", side, None, rows, None)
         index = (np.arange(*rows), None)
-        _write_block(self._group, f"tokens/{side}", index, tokens.astype(np.int32))
+        blocks = {f"tokens/{side}": tokens.astype(np.int32)}
         if lengths is not None:
-            _write_block(self._group, f"lengths/{side}", index, lengths.astype(np.int32))
+            blocks[f"lengths/{side}"] = lengths.astype(np.int32)
         if sample_logprobs is not None:
-            _write_block(self._group, f"sample_logprobs/{side}", index, sample_logprobs.astype(np.float32))
-        self._commit(key, "tokens", side, None, rows, None)
+            blocks[f"sample_logprobs/{side}"] = sample_logprobs.astype(np.float32)
+        for name, block in blocks.items():
+            _write_block(self._group, name, index, block)
+        self._commit(key, "tokens", side, None, rows, None, self._marker_body(blocks, rows, None))
         return key
 
     def write_draws(self, side: str, scorer: str, row_start: int, pass_start: int, logprobs,
                     topk_ids=None, topk_logprobs=None) -> str:
         """Write and commit `scorer`'s draws on `side`: logprobs float [b-a, n, d-c] for rows a:b and
         passes c:d (a = row_start, c = pass_start), plus top-k ids / log-probs [b-a, n, d-c, k] when
-        the spec has top_k. Returns the shard key. Refuses a block overlapping a committed one."""
+        the spec has top_k. Returns the shard key. Refuses a block overlapping a committed one, and
+        rows whose tokens are not committed yet (the marker names the tokens shards it scored)."""
         spec = self.spec
         _check_side(side)
         if scorer not in spec.scorers:
@@ -335,17 +494,44 @@ class PoolWriter:
             topk_ids, topk_logprobs = np.asarray(topk_ids), np.asarray(topk_logprobs)
             _check_block("topk_ids", topk_ids, logprobs.shape + (spec.top_k,), np.integer)
             _check_block("topk_logprobs", topk_logprobs, logprobs.shape + (spec.top_k,), np.floating)
+        scored = self._scored_tokens(side, rows) if self._version >= 3 else None
         if spec.stops:
             self._check_padded_draws(side, rows, logprobs, topk_ids, topk_logprobs)
         key = draws_key(side, scorer, *rows, *passes)
         self._refuse_overlap(key, "draws", side, scorer, rows, passes)
         index = (np.arange(*rows), None, np.arange(*passes), None)
-        _write_block(self._group, f"logprobs/{side}/{scorer}", index, logprobs.astype(np.float32))
+        blocks = {f"logprobs/{side}/{scorer}": logprobs.astype(np.float32)}
         if topk_ids is not None:
-            _write_block(self._group, f"topk_ids/{side}/{scorer}", index, topk_ids.astype(np.int32))
-            _write_block(self._group, f"topk_logprobs/{side}/{scorer}", index, topk_logprobs.astype(np.float32))
-        self._commit(key, "draws", side, scorer, rows, passes)
+            blocks[f"topk_ids/{side}/{scorer}"] = topk_ids.astype(np.int32)
+            blocks[f"topk_logprobs/{side}/{scorer}"] = topk_logprobs.astype(np.float32)
+        for name, block in blocks.items():
+            _write_block(self._group, name, index, block)
+        body = self._marker_body(blocks, rows, passes)
+        if body is not None:
+            body["tokens"] = scored
+        self._commit(key, "draws", side, scorer, rows, passes, body)
         return key
+
+    def _marker_body(self, blocks, rows, passes) -> dict | None:
+        """The manifest of a shard's blocks (None in a version-2 pool, whose markers have none)."""
+        return {"manifest": _manifest(self.spec, blocks, rows, passes)} if self._version >= 3 else None
+
+    def _scored_tokens(self, side, rows) -> dict[str, str]:
+        """Committed tokens shards of `side` holding rows a:b -> their digests: what draws of those rows
+        score. Refuses rows whose tokens are not committed (after re-reading the markers, which another
+        writer may have committed since this one opened)."""
+        for fresh in (False, True):
+            if fresh:
+                self._committed = _read_commits(self.path, self.spec, self._version)
+            scored, covered = {}, np.zeros(rows[1] - rows[0], bool)
+            for key, rec in self._committed.items():
+                if rec["kind"] == "tokens" and rec["side"] == side and _overlap(rec["rows"], rows):
+                    scored[key] = _digest(rec)
+                    covered[max(rec["rows"][0] - rows[0], 0):max(rec["rows"][1] - rows[0], 0)] = True
+            if covered.all():
+                return scored
+        raise PoolError(f"draws of {side} rows {rows[0]}:{rows[1]} before their tokens: draws are bound to the "
+                        "tokens they score, so write_tokens comes first")
 
     def _check_padded_draws(self, side, rows, logprobs, topk_ids, topk_logprobs) -> None:
         """In a stopping pool the rows' tokens come first (their lengths say which positions are
@@ -358,7 +544,7 @@ class PoolWriter:
         if not committed.all():
             raise PoolError(f"draws of {side} rows {rows[0]}:{rows[1]} before their tokens: in a pool whose outputs "
                             "stop at EOS the lengths (written with the tokens) must come first")
-        lengths = _read(self._group[f"lengths/{side}"], (np.arange(*rows),))
+        lengths = _read(_array(self._group, f"lengths/{side}"), (np.arange(*rows),))
         _check_padded_zero("logprobs", logprobs, lengths)
         if topk_ids is not None:
             pad_ids, pad_logprobs = pad_readout(topk_ids.shape[-1], self.spec.eos_ids[0])
@@ -375,9 +561,9 @@ class PoolWriter:
                 raise PoolError(f"shard {key} overlaps committed shard {other['key']}; "
                                 "committed regions are append-only (check is_done before writing)")
 
-    def _commit(self, key, kind, side, scorer, rows, passes) -> None:
+    def _commit(self, key, kind, side, scorer, rows, passes, body=None) -> None:
         rec = {"key": key, "kind": kind, "side": side, "scorer": scorer, "rows": list(rows),
-               "passes": None if passes is None else list(passes), "committed_at": _now()}
+               "passes": None if passes is None else list(passes), "committed_at": _now(), **(body or {})}
         _write_json_atomic(self.path / _COMMITS / f"{key}.json", rec)
         self._committed[key] = rec
 
@@ -475,15 +661,24 @@ def _open_group(path: Path, mode: str):
         raise PoolError(f"{path}: cannot open as a zarr v3 group: {e}") from e
 
 
-def _read_header(group, path: Path) -> tuple[PoolSpec, dict]:
+def _read_header(group, path: Path) -> tuple[PoolSpec, dict, int]:
+    """(spec, metadata, format version) of an open pool."""
     attrs = group.attrs.asdict()
     version = attrs.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in _READABLE or type(version) is not int:
         raise PoolError(f"{path}: pool format version {version!r}, this tvjax reads version {FORMAT_VERSION}; "
-                        "the format differs (version 2 added chunk checksums): recreate the pool")
+                        "the format differs (version 2 added chunk checksums, version 3 commit manifests; "
+                        "version 2 still loads): recreate the pool")
     if "spec" not in attrs or "metadata" not in attrs:
         raise PoolError(f"{path}: pool attributes lack 'spec' or 'metadata'")
-    return _spec_from_json(attrs["spec"]), dict(attrs["metadata"])
+    return _spec_from_json(attrs["spec"]), dict(attrs["metadata"]), version
+
+
+def _warn_unchecked(path: Path, version: int, stacklevel: int = 3) -> None:
+    if version < 3:
+        warnings.warn(f"pool {path} is format version {version}: its commit markers hold no manifests, so its data's "
+                      "places are unchecked (a chunk copied over another, swapped or renamed arrays load as data); "
+                      "recreate the pool with this tvjax to have them checked", stacklevel=stacklevel)
 
 
 def create_pool(path: str | os.PathLike, *, n: int, num_per_side: int, repeats: int, scorers=("pi", "mu"),
@@ -533,18 +728,23 @@ def open_pool_writer(path: str | os.PathLike) -> PoolWriter:
 def read_spec(path: str | os.PathLike) -> tuple[PoolSpec, dict]:
     """(spec, metadata) of the pool at `path`, without loading arrays."""
     path = Path(path)
-    return _read_header(_open_group(path, mode="r"), path)
+    return _read_header(_open_group(path, mode="r"), path)[:2]
 
 
 def coverage(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Committed-cell masks: 'tokens/{side}' -> bool [N], 'draws/{side}/{scorer}' -> bool [N, R]."""
+    """Committed-cell masks: 'tokens/{side}' -> bool [N], 'draws/{side}/{scorer}' -> bool [N, R].
+    Raises PoolError naming a commit marker that is unreadable or wrong (see `load_pool`)."""
     path = Path(path)
-    spec, _ = read_spec(path)
+    spec, _, version = _read_header(_open_group(path, mode="r"), path)
+    return _coverage(spec, _read_commits(path, spec, version))
+
+
+def _coverage(spec: PoolSpec, commits: dict[str, dict]) -> dict[str, np.ndarray]:
     masks = {f"tokens/{s}": np.zeros(spec.num_per_side, bool) for s in SIDES}
     for s in SIDES:
         for sc in spec.scorers:
             masks[f"draws/{s}/{sc}"] = np.zeros((spec.num_per_side, spec.repeats), bool)
-    for rec in _read_commits(path).values():
+    for rec in commits.values():
         (a, b) = rec["rows"]
         if rec["kind"] == "tokens":
             masks[f"tokens/{rec['side']}"][a:b] = True
@@ -555,29 +755,36 @@ def coverage(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def read_tokens(path: str | os.PathLike, side: str) -> np.ndarray:
-    """The committed tokens [N, n] of `side`; raises PoolError unless all N rows are committed."""
-    path = Path(path)
-    _check_side(side)
-    spec, _ = read_spec(path)
-    mask = coverage(path)[f"tokens/{side}"]
-    if not mask.all():
-        raise PoolError(f"{path}: tokens of side {side!r} are not all committed ({_missing_message('tokens/' + side, mask)}); "
-                        "sample them first")
-    shape, dtype, _ = _array_layout(spec)[f"tokens/{side}"]
-    return _load_array(path, _open_group(path, mode="r"), f"tokens/{side}", shape, dtype,
-                       np.arange(spec.num_per_side), None)
+    """The committed tokens [N, n] of `side`, checked against their commit markers; raises PoolError
+    unless all N rows are committed and in place."""
+    return _read_side(Path(path), side, "tokens")
 
 
 def read_lengths(path: str | os.PathLike, side: str) -> np.ndarray:
-    """The committed lengths [N] of `side` (n throughout a fixed-length pool); PoolError unless all
-    N rows are committed."""
-    path = Path(path)
-    spec, _ = read_spec(path)
-    tokens = read_tokens(path, side)  # the commit check, and the lengths' shard
-    if not spec.stops:
-        return np.full(tokens.shape[0], spec.n, np.int32)
-    shape, dtype, _ = _array_layout(spec)[f"lengths/{side}"]
-    return _load_array(path, _open_group(path, mode="r"), f"lengths/{side}", shape, dtype, np.arange(spec.num_per_side), None)
+    """The committed lengths [N] of `side` (n throughout a fixed-length pool), checked against their
+    commit markers; PoolError unless all N rows are committed (tokens included) and in place."""
+    return _read_side(Path(path), side, "lengths")
+
+
+def _read_side(path: Path, side: str, what: str) -> np.ndarray:
+    """All N rows of tokens/{side} or lengths/{side} (the tokens read too: the commit check)."""
+    _check_side(side)
+    group = _open_group(path, mode="r")
+    spec, _, version = _read_header(group, path)
+    commits = _read_commits(path, spec, version)
+    _warn_unchecked(path, version, stacklevel=4)
+    mask = _coverage(spec, commits)[f"tokens/{side}"]
+    if not mask.all():
+        raise PoolError(f"{path}: tokens of side {side!r} are not all committed ({_missing_message('tokens/' + side, mask)}); "
+                        "sample them first")
+    rows, layout, places = np.arange(spec.num_per_side), _array_layout(spec), _places(commits)
+    names = [f"tokens/{side}"] + ([f"lengths/{side}"] if what == "lengths" and spec.stops else [])
+    out = None
+    for name in names:
+        shape, dtype, _ = layout[name]
+        out = _load_array(path, group, name, shape, dtype, rows, None)
+        _check_places(path, group, name, out, rows, None, places.get(name, []))
+    return out if what == "tokens" or spec.stops else np.full(spec.num_per_side, spec.n, np.int32)
 
 
 def _ranges(mask: np.ndarray) -> str:
@@ -660,7 +867,7 @@ def _write_block(group, name: str, index: tuple, block: np.ndarray) -> None:
     array's rank); a write into part of a damaged chunk is refused."""
     # with empty chunks written too, every chunk of a committed region has a file: a missing one is damage
     with zarr.config.set({"array.write_empty_chunks": True}):
-        arr = group[name]
+        arr = _array(group, name)
     index = index[:arr.ndim]
     try:
         arr[_selection(index)] = block
@@ -684,11 +891,103 @@ def _read(arr, index: tuple) -> np.ndarray:
     return arr[sel] if all(isinstance(x, slice) for x in sel) else arr.get_orthogonal_selection(sel)
 
 
-def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarray, passes: np.ndarray | None):
+def _array(group, name: str):
+    """The array `name` of an open pool; PoolError when it is missing or its zarr.json is unreadable."""
     try:
-        arr = group[name]
-    except KeyError as e:
-        raise PoolError(f"array {name} is missing from the pool") from e
+        return group[name]
+    except Exception as e:  # garbage or wrong entries in its zarr.json: JSON, key, type and value errors
+        if not (Path(str(group.store.root)) / name / "zarr.json").is_file():
+            raise PoolError(f"array {name} is missing from the pool") from e
+        raise PoolError(f"array {name}: unreadable metadata ({name}/zarr.json): {type(e).__name__}: {e}") from e
+
+
+def _read_checked(arr, name: str, index: tuple, chunks=None) -> np.ndarray:
+    """`_read`, with a failed read re-done chunk by chunk to name the damaged chunks."""
+    try:
+        return _read(arr, index)
+    except Exception as e:
+        bad = _bad_chunks(arr, _chunk_grid(arr, index) if chunks is None else chunks)
+        raise PoolError(f"array {name}: damaged {_listing(bad)}" if bad else f"array {name}: unreadable: {e}") from e
+
+
+def _places(commits: dict[str, dict]) -> dict[str, list[tuple]]:
+    """Array path -> (marker key, rows, passes or None, crc32) of every committed piece (none in a
+    version-2 pool)."""
+    out: dict[str, list[tuple]] = {}
+    for key, rec in commits.items():
+        for name, pieces in rec.get("manifest", {}).items():
+            out.setdefault(name, []).extend(
+                (key, tuple(p["rows"]), tuple(p["passes"]) if "passes" in p else None, p["crc32"]) for p in pieces)
+    return out
+
+
+def _check_places(path: Path, group, name: str, data: np.ndarray, rows: np.ndarray, passes: np.ndarray | None,
+                  places: list[tuple]) -> None:
+    """Refuse loaded data of `name` (at sorted `rows` x sorted `passes`, None = all) that is not what
+    its commit markers wrote there: the crc32 of every committed piece meeting the selection, from the
+    data in memory (a piece only partly selected is read whole, from its committed chunk)."""
+    bad: dict[str, list[tuple]] = {}
+    for key, (a, b), p, crc in places:
+        lo, hi = np.searchsorted(rows, (a, b))
+        if lo == hi:
+            continue
+        if p is None or data.ndim < 3:
+            whole, block = hi - lo == b - a, data[lo:hi]
+        else:
+            c, d = (p if passes is None else np.searchsorted(passes, p))
+            if c == d:
+                continue
+            whole, block = hi - lo == b - a and d - c == p[1] - p[0], data[lo:hi, :, c:d]
+        if not whole:
+            index = (np.arange(a, b), None, None if p is None else np.arange(*p), None)[:data.ndim]
+            block = _read_checked(_array(group, name), name, index)
+        if _crc(block) != crc:
+            bad.setdefault(key, []).append(((a, b), p))
+    if bad:
+        counts: dict[str, int] = {}
+        for key, *_ in places:
+            counts[key] = counts.get(key, 0) + 1
+        wrong = []
+        for key, spans in bad.items():
+            if len(spans) == counts[key] > 1:  # the whole shard: its rows (x passes)
+                (a, _), (_, b) = spans[0][0], spans[-1][0]
+                spans = [((a, b), None if spans[0][1] is None else (spans[0][1][0], spans[-1][1][1]))]
+            where = [f"rows {a}:{b}" + ("" if p is None else f" passes {p[0]}:{p[1]}") for (a, b), p in spans]
+            wrong.append(f"{', '.join(where[:4])}{f' and {len(where) - 4} more' if len(where) > 4 else ''} "
+                         f"do not match their commit marker {_COMMITS}/{key}.json")
+        raise PoolError(f"pool {path}: {name} {_listing(wrong)} (data moved or overwritten)")
+
+
+def _check_scored(path: Path, commits: dict[str, dict], rows: dict, passes: np.ndarray, scorers) -> None:
+    """Refuse draws of loaded cells that were scored against other tokens than the committed ones:
+    each draws marker names the tokens shards (and their manifests' digests) it scored."""
+    digests = {k: _digest(r) for k, r in commits.items() if r["kind"] == "tokens"}
+    for key, rec in commits.items():
+        if rec["kind"] != "draws" or rec["scorer"] not in scorers or "tokens" not in rec:
+            continue
+        (a, b), (c, d), sel = rec["rows"], rec["passes"], rows[rec["side"]]
+        lo, hi = np.searchsorted(sel, (a, b))
+        if lo == hi or not ((passes >= c) & (passes < d)).any():
+            continue
+        matching = np.zeros(b - a, bool)
+        for tkey, digest in rec["tokens"].items():
+            if tkey in digests and digests[tkey] != digest:
+                raise PoolError(f"pool {path}: draws {rec['side']}/{rec['scorer']} rows {a}:{b} passes {c}:{d} "
+                                f"({_COMMITS}/{key}.json) were scored against other tokens than {_COMMITS}/{tkey}.json "
+                                "now holds (tokens rewritten or moved)")
+            if tkey in digests:
+                ta, tb = commits[tkey]["rows"]
+                matching[max(ta - a, 0):max(tb - a, 0)] = True
+        unmatched = np.zeros(b, bool)
+        unmatched[sel[lo:hi]] = ~matching[sel[lo:hi] - a]
+        if unmatched.any():
+            raise PoolError(f"pool {path}: draws {rec['side']}/{rec['scorer']} rows {a}:{b} passes {c}:{d} "
+                            f"({_COMMITS}/{key}.json) were scored against tokens shards {sorted(rec['tokens'])}, but "
+                            f"rows {_ranges(unmatched)} are committed by other tokens shards now (tokens rewritten)")
+
+
+def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarray, passes: np.ndarray | None):
+    arr = _array(group, name)
     if tuple(arr.shape) != tuple(shape) or str(arr.dtype) != dtype:
         raise PoolError(f"array {name}: expected shape {tuple(shape)} {dtype}, found {tuple(arr.shape)} {arr.dtype}")
     if not any(isinstance(c, zarr.codecs.Crc32cCodec) for c in arr.metadata.codecs):
@@ -701,11 +1000,7 @@ def _load_array(path: Path, group, name: str, shape, dtype: str, rows: np.ndarra
         fill = "NaN" if dtype == "float32" else "-1"
         raise PoolError(f"array {name}: committed region holds {fill} fill values: chunk file missing for "
                         f"{_listing(missing)}")
-    try:
-        data = _read(arr, index)
-    except Exception as e:
-        bad = _bad_chunks(arr, chunks)
-        raise PoolError(f"array {name}: damaged {_listing(bad)}" if bad else f"array {name}: unreadable: {e}") from e
+    data = _read_checked(arr, name, index, chunks)
     if dtype == "float32" and np.isnan(data).any():
         raise PoolError(f"array {name}: committed region holds NaN in {_flagged_chunks(arr, index, np.isnan(data))}")
     if dtype == "int32" and name.startswith(("tokens", "lengths")) and (data < 0).any():
@@ -718,18 +1013,24 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
               scorers=None, load_topk: bool = True) -> Pool:
     """Load and validate a pool.
 
-    Raises PoolError (never returns NaN-filled arrays) when the format version differs, an array is
-    missing or has the wrong shape/dtype, a shard is uncommitted (message lists array, rows and
+    Raises PoolError (never returns NaN-filled arrays) when the format version is not one this tvjax
+    reads, an array is missing or has the wrong shape/dtype or unreadable metadata, a commit marker is
+    unreadable or wrong (fields, key, file name, kind/side/scorer, rows/passes within [0, N] / [0, R],
+    manifest; message names the marker file), a shard is uncommitted (message lists array, rows and
     passes), a chunk of the loaded cells is missing or damaged or holds NaN (message names the array
-    and the chunk: grid coordinates, rows, passes), or `expect` (a dict of metadata entries) does not
-    match. Only the chunks of the loaded cells are read.
+    and the chunk: grid coordinates, rows, passes), loaded data is not what its commit marker wrote
+    there (crc32 per piece: a chunk copied over another, swapped or renamed arrays; message names the
+    array, rows, passes and marker), draws were scored against other tokens than the committed ones,
+    or `expect` (a dict of metadata entries) does not match. Only the chunks of the loaded cells are
+    read (and, in a partial load, the rest of a committed chunk it meets, to check it whole). A
+    format-2 pool loads with a warning: its markers hold no manifests, so places are unchecked.
     partial=True loads only committed cells: the larger of (rows complete over all passes) and
     (all token rows x passes complete on them); `Pool.rows` / `Pool.passes` say what was loaded.
     scorers: subset of scorers to load (default all); load_topk=False skips the top-k arrays.
     """
     path = Path(path)
     group = _open_group(path, mode="r")
-    spec, meta = _read_header(group, path)
+    spec, meta, version = _read_header(group, path)
     if expect:
         wrong = {k: (v, meta.get(k, "<absent>")) for k, v in expect.items() if meta.get(k, "<absent>") != v}
         if wrong:
@@ -739,14 +1040,19 @@ def load_pool(path: str | os.PathLike, *, partial: bool = False, expect: dict | 
     unknown = [s for s in scorers if s not in spec.scorers]
     if unknown:
         raise PoolError(f"{path}: unknown scorers {unknown}; the pool has {spec.scorers}")
-    masks = {k: m for k, m in coverage(path).items()
+    commits = _read_commits(path, spec, version)
+    _warn_unchecked(path, version)
+    masks = {k: m for k, m in _coverage(spec, commits).items()
              if k.startswith("tokens") or k.split("/")[2] in scorers}
     rows, passes = _select(spec._replace(scorers=scorers), masks, partial)
-    layout = _array_layout(spec)
+    _check_scored(path, commits, rows, passes, scorers)
+    layout, places = _array_layout(spec), _places(commits)
 
     def get(name, side, with_passes=False):
         shape, dtype, _ = layout[name]
-        return _load_array(path, group, name, shape, dtype, rows[side], passes if with_passes else None)
+        data = _load_array(path, group, name, shape, dtype, rows[side], passes if with_passes else None)
+        _check_places(path, group, name, data, rows[side], passes if with_passes else None, places.get(name, []))
+        return data
 
     tokens = {s: get(f"tokens/{s}", s) for s in SIDES}
     lengths = {s: get(f"lengths/{s}", s) if spec.stops else np.full(len(rows[s]), spec.n, np.int32) for s in SIDES}

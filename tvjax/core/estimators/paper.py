@@ -15,13 +15,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tvjax.core import cost
 from tvjax.core.currency import likelihood_ratio_term, mixture_z, stopping_ids, trajectory_lengths
 from tvjax.core.programs import program
 from tvjax.core.schedules import Level, Samples, Schedule, check_counts, check_repeat_count, check_schedule, per_copy
-from tvjax.core.streaming import Moments, level_moments, stream_chunk
-from tvjax.core.validate import check_pair, check_positive_int
+from tvjax.core.streaming import Moments, chosen_chunk, level_moments
+from tvjax.core.validate import all_concrete, check_pair, check_positive_int
 
 
 class LevelStats(NamedTuple):
@@ -122,7 +123,7 @@ def one_sided(key, pi, mu, oracle, sizes, chunk, term, copies):
     check_sizes(sizes, Samples)
     num = per_copy(check_counts("Samples.num (trajectories)", sizes.num, 2), copies)
     repeats = check_repeat_count(sizes.repeats)
-    chunk = chunk or stream_chunk(pi, oracle, num)
+    chunk = chosen_chunk(chunk, pi, oracle, num)
     return (num, *_one_sided_program(key, pi, mu, oracle, num, repeats, chunk, term))
 
 
@@ -204,14 +205,17 @@ def _multilevel_program(key, pi, mu, oracle, counts, repeats, num_groups, chunk)
 def multilevel(key, pi, mu, oracle, sizes, *, copies=None, chunk=None, num_groups=1):
     """Algorithm 3 for a Schedule(num_samples, repeats): sum over levels of mean coupled
     increments Y_l = Z_{r_l}(X) - Z_{r_{l-1}}(X), the same X and nested draws within a level,
-    independent levels; median of num_groups copies. Through `Sampler()` it is the sample-only
+    independent levels; median of num_groups copies. Each group runs the whole schedule (the
+    groups do not split it), so the queries are num_groups times the schedule's. Through `Sampler()` it is the sample-only
     estimator of Theorem 1. The schedule's entries may be traced (its number of levels is
     static); level sizes [L] or per copy [C, L]."""
     check_pair(pi, mu)
     counts, repeats = check_schedule(check_sizes(sizes, Schedule))
     counts = per_copy(counts, copies, repeats.shape)
     groups = check_positive_int("num_groups", num_groups)
-    chunk = chunk or stream_chunk(pi, oracle, counts * groups)
+    if all_concrete(counts):
+        check_counts("level sizes times num_groups", np.asarray(counts, np.int64) * groups, 0)
+    chunk = chosen_chunk(chunk, pi, oracle, counts * groups)
     return unbatched(_multilevel_program(key, pi, mu, oracle, counts, repeats, groups, chunk), copies)
 
 

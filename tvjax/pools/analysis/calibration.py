@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tvjax.pools.analysis.currency import Hygiene, permutation_streams, real_cells
+from tvjax.pools.analysis.currency import Hygiene, check_scorer, permutation_streams, real_cells
 from tvjax.pools.store import SIDES, Pool
 
 PERCENTILES = (50.0, 90.0, 99.0, 100.0)
@@ -159,6 +159,7 @@ def _permutation_mean(values: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.n
 def calibrate_sigma(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> SigmaCalibration:
     """Sigma of `scorer` from the half-split of its repeats on the trajectories of both sides,
     averaged per cell over repeat permutations, then over cells."""
+    check_scorer(pool, scorer)
     num_r = pool.passes.size
     if num_r < 2:
         raise ValueError("sigma calibration needs at least 2 stored repeats")
@@ -200,6 +201,7 @@ def union_sizes(seg: IdSegments, ranks: np.ndarray) -> np.ndarray:
 
 def support_union(pool: Pool, scorer: str, hygiene: Hygiene = Hygiene()) -> SupportUnion:
     """Union of top-k sets against r = 1..R over the real cells (up to EOS) of both sides (B.4)."""
+    check_scorer(pool, scorer)
     if pool.topk_ids is None:
         raise ValueError("the support-union measurement needs a pool with a top-k readout (spec.top_k)")
     streams = list(permutation_streams(hygiene))

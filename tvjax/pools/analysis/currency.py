@@ -96,12 +96,26 @@ def lr_values(log_own: np.ndarray, log_other: np.ndarray) -> np.ndarray:
     return np.asarray(likelihood_ratio_term(*_shifted(log_own, log_other)), dtype=np.float64)
 
 
+def _unknown_scorers(pool: Pool, names) -> list:
+    """The names among `names` that are not loaded scorers of `pool`, in order."""
+    loaded = pool.logprobs[SIDES[0]]
+    return [name for name in names if name not in loaded]
+
+
+def check_scorer(pool: Pool, scorer: str) -> str:
+    """`scorer`, or ValueError naming it and the pool's loaded scorers."""
+    if _unknown_scorers(pool, [scorer]):
+        raise ValueError(f"unknown scorer {scorer!r}; the pool's loaded scorers are {sorted(pool.logprobs[SIDES[0]])}")
+    return scorer
+
+
 def default_pair(pool: Pool, pair=None) -> tuple[str, str]:
     """(scorer of pi, scorer of mu): the given pair, else the pool's samplers; checked against the pool."""
     pair = tuple(pool.spec.samplers if pair is None else pair)
-    loaded = set(pool.logprobs[SIDES[0]])
-    if len(pair) != 2 or not set(pair) <= loaded:
-        raise ValueError(f"pair must name two loaded scorers {sorted(loaded)}, got {pair!r}")
+    unknown = _unknown_scorers(pool, pair)
+    if len(pair) != 2 or unknown:
+        raise ValueError(f"pair must name two loaded scorers {sorted(pool.logprobs[SIDES[0]])}, got {pair!r}"
+                         + (f" (unknown: {', '.join(map(repr, unknown))})" if unknown else ""))
     return pair
 
 

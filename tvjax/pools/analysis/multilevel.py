@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tvjax.core.validate import check_positive_int
 from tvjax.pools.analysis.currency import (
     Hygiene,
     check_grid,
@@ -185,6 +186,7 @@ def evaluate_multilevel(pool: Pool, pair=None, grid=None, budgets=None, pilot_si
                         hygiene: Hygiene = Hygiene(num_permutations=20), seed: int = 0) -> MultilevelEvaluation:
     """Appendix B.7 on a pool: pilot-selected multilevel schedule vs single levels (Figure 4)."""
     pair = default_pair(pool, pair)
+    num_pilots = check_positive_int("num_pilots", num_pilots)
     if arm not in ("symmetric",) + SIDES:
         raise ValueError(f"arm must be 'symmetric', 'pi' or 'mu', got {arm!r}")
     half = pool.passes.size // 2
