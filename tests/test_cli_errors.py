@@ -286,3 +286,13 @@ def test_fuzz_analysis_runs(pool, command, repeats, a, b, capsys):
     else:
         assert code == 2 and out == ""
         error_line(err, ANALYSIS)
+
+
+@pytest.mark.parametrize("factory, prog, code, base, flag", [(f, p, c, b, next(iter(flags))) for f, p, c, b, flags in PARSERS])
+def test_a_dash_dash_value_is_a_missing_value(factory, prog, code, base, flag, tmp_path, capsys):
+    """argparse drops a `--` value and sets a one-value option to [] unparsed: refused, naming the flag."""
+    base = [str(tmp_path / "out") if a == "OUT" else str(tmp_path) if a == "POOL" else a for a in base]
+    with pytest.raises(SystemExit) as exit_info:
+        factory().parse_args([*base, f"{flag}=--"])
+    assert exit_info.value.code == code
+    assert f"argument {flag}: expected a value, got '--'" in error_line(capsys.readouterr().err, prog)

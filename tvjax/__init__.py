@@ -80,7 +80,8 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def get_code(self, fullname):  # what `python -m tvjax.report` runs
         new = self._target(fullname)
-        warnings.warn(f"{fullname} moved to {new}; run python -m {new}", FutureWarning, stacklevel=2)
+        old, run = (name.removesuffix(".__main__") for name in (fullname, new))
+        warnings.warn(f"{old} moved to {run}; run python -m {run}", FutureWarning, stacklevel=2)
         return importlib.util.find_spec(new).loader.get_code(new)
 
     def create_module(self, spec):

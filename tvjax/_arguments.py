@@ -25,6 +25,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(self.error_status, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_values(self, action, arg_strings):
+        # argparse drops a "--" value (`--eps=--`) and, for a one-value option, sets it to []
+        # without calling its type: refuse it as the missing value it is.
+        if action.nargs is None and action.option_strings and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
 
 MAX_SEED = 2**63 - 1  # jax.random.key and numpy's SeedSequence both take [0, 2**63 - 1]
 
