@@ -17,7 +17,7 @@ Every shard is committed atomically; rerunning with campaign.pool=<the pool> res
 campaign without redoing committed shards.
 
 campaign.access=text (both engines kind openai: text-only chat endpoints, the access model of a
-closed provider): N completions per side, no log-probabilities, kept in texts.jsonl beside
+closed provider): N completions per side, no log-probabilities, kept in the answer stores texts/pi, texts/mu beside
 campaign.pool (resumable), and tvjax.audit.distinguish's certified TV lower bound from them, bound.json.
 
 campaign.eos (both engines' `eos`): "suppress" (default, the paper's protocol: EOS banned, n tokens
@@ -217,14 +217,14 @@ def run_report(pool: Path, out: str) -> None:
 
 def run_text_campaign(cfg: DictConfig) -> Path:
     """campaign.access=text: both engines are text-only chat endpoints (kind openai); each side's
-    N completions (at most n tokens) go to texts.jsonl beside campaign.pool, resumably, and
+    N completions (at most n tokens) go to the answer stores texts/pi and texts/mu beside campaign.pool, resumably, and
     `tvjax.audit.distinguish.distinguish_texts` certifies a TV lower bound from them (bound.json)."""
     import jax
 
     from tvjax.audit.distinguish import distinguish_texts
     from tvjax.cli import text_tokenizer
     from tvjax.core.jsonable import to_jsonable
-    from tvjax.engines.openai_bridge import stored_texts
+    from tvjax.engines.answers import stored_texts
 
     kinds = {cfg[side].kind for side in ("pi", "mu")}
     if kinds != {"openai"}:
@@ -232,7 +232,7 @@ def run_text_campaign(cfg: DictConfig) -> Path:
     folder = Path(cfg.campaign.pool).parent
     folder.mkdir(parents=True, exist_ok=True)
     messages, t = OmegaConf.to_container(cfg.campaign.messages), cfg.campaign.text
-    texts = [stored_texts(folder / "texts.jsonl", side, engine_config(cfg[side]), messages, int(cfg.campaign.num_per_side),
+    texts = [stored_texts(folder / "texts", side, engine_config(cfg[side]), messages, int(cfg.campaign.num_per_side),
                           int(cfg.campaign.n), int(cfg[side].seed)) for side in ("pi", "mu")]
     result = distinguish_texts(jax.random.key(int(t.seed)), *texts, text_tokenizer(t.tokenizer), classifier=t.classifier,
                                delta=float(t.delta))

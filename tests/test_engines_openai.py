@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from _engine_envs import EOS_ID, ROOT, STOP_EOS_SCALE, build_tiny_model, check_stopped_pool, engine_env, engine_python, run_job
 
+from tvjax.engines.answers import AnswerStore
 from tvjax.pools import store as pools
 
 pytestmark = pytest.mark.slow  # engine environments, subprocesses, real models
@@ -130,7 +131,7 @@ def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server,
     sampled completion differs from it: the certified bound is far above 0. A rerun reuses the
     stored completions (no requests: it works with the server's URL unreachable)."""
     url, _ = server
-    samples, record = tmp_path / "texts.jsonl", tmp_path / "bound.json"
+    samples, record = tmp_path / "texts", tmp_path / "bound.json"
     args = ["--pi-model", "tiny", "--mu-model", "tiny", "--mu-extra", '{"top_k": 1}', "--num", "120",
             "--max-tokens", "6", "--samples", str(samples), "--json", str(record)]
     first = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", url, "--mu-url", url, *args],
@@ -138,8 +139,9 @@ def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server,
     assert first.returncode == 0 and first.stdout.startswith("TV >= "), first.stdout + first.stderr[-2000:]
     result = json.loads(record.read_text())
     assert result["lower_bound"] > 0.5 and result["pi_test"] == result["mu_test"] == 60
-    stored = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert len(stored) == 240 and len({r["text"] for r in stored if r["side"] == "mu"}) == 1  # greedy: one text
+    stored = {side: AnswerStore.open(samples / side).answers() for side in ("pi", "mu")}
+    assert [len(a) for a in stored.values()] == [120, 120]
+    assert len({a.text for a in stored["mu"].values()}) == 1  # greedy: one text
     offline = "http://127.0.0.1:9/v1"  # nothing listens: only the stored completions can answer
     again = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", offline, "--mu-url", offline, *args],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -148,7 +150,7 @@ def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server,
 
 def test_text_only_campaign_through_the_campaign_runner(server, tmp_path):
     """engine_campaign.py campaign.access=text with two openai engines (the local server at
-    temperature 1 against top_k 1 through extra_body): completions kept in texts.jsonl and the
+    temperature 1 against top_k 1 through extra_body): completions kept in the answer stores texts/pi, texts/mu and the
     certified bound in bound.json."""
     url, model = server
     common = [f"base_url={url}", "served_model=tiny", "requests_per_second=50", "max_concurrency=4"]
@@ -160,4 +162,34 @@ def test_text_only_campaign_through_the_campaign_runner(server, tmp_path):
     assert run.returncode == 0 and "TV >= " in run.stdout, run.stdout + run.stderr[-3000:]
     bound = json.loads((tmp_path / "bound.json").read_text())
     assert bound["lower_bound"] > 0.5 and bound["pi_test"] == 50
-    assert len((tmp_path / "texts.jsonl").read_text().splitlines()) == 200
+    assert [len(AnswerStore.open(tmp_path / "texts" / side).answers()) for side in ("pi", "mu")] == [100, 100]
+
+
+def test_reference_audit_of_the_server_serving_the_reference_passes(server, tmp_path):
+    """`tvjax gate --reference MODEL --endpoint URL` with the local server serving the reference
+    itself (vLLM fp32 against the JAX engine on the same weights, outputs that stop at EOS): the
+    exact null, so the anytime-valid gate must not FAIL (probability <= delta), and it spends the budget."""
+    url, model = server
+    cmd = [sys.executable, "-m", "tvjax", "gate", "--reference", str(model), "--endpoint", url, "--served-model", "tiny",
+           "--max-tokens", "6", "--m", "8", "--budget", "120", "--round-size", "40", "--answers", str(tmp_path / "answers"),
+           "--requests-per-second", "100", "--json", str(tmp_path / "gate.json")]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.startswith("PASS  no difference above tau=0"), run.stdout + run.stderr[-3000:]
+    record = json.loads((tmp_path / "gate.json").read_text())
+    assert record["bound"]["calls"] == 120 and record["bound"]["lower_bound"] == 0.0
+    assert len(AnswerStore.open(tmp_path / "answers").answers()) == 120
+
+
+def test_grey_box_audit_against_the_servers_own_noise_floor(server, tmp_path):
+    """Grey-box mode: the server's reported log-probs of its sampled tokens against the JAX
+    reference's exact ones, beside the same deviation of a second run (the floor, here the same
+    server): one model, so neither the rank gate nor the grey-box test says FAIL."""
+    url, model = server
+    cmd = [sys.executable, "-m", "tvjax", "gate", "--reference", str(model), "--endpoint", url, "--served-model", "tiny",
+           "--floor-endpoint", url, "--floor-model", "tiny", "--extra", '{"return_tokens_as_token_ids": true}',
+           "--max-tokens", "6", "--m", "4", "--budget", "40", "--round-size", "40", "--answers", str(tmp_path / "answers"),
+           "--requests-per-second", "100", "--json", str(tmp_path / "gate.json")]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "PASS  grey-box" in run.stdout, run.stdout + run.stderr[-3000:]
+    grey = json.loads((tmp_path / "gate.json").read_text())["greybox"]
+    assert grey["calls"] == grey["floor_calls"] == 40 and grey["target_median"] < 1e-3  # fp32 against fp32

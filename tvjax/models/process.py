@@ -13,6 +13,11 @@ weights: a pair of variants is a pair of processes over one copy of the model, p
 quantized copy a variant computes (once, in `variant`; variants of that variant share it).
 Sampling and scoring of a variant run the same arithmetic (the same quantized weights, the same
 KV-cache rounding, the same attention reduction), so a variant is one process, not two.
+
+The prompt's token ids are data (`prompt_ids`, an int32 array [P]), not a static field: only their
+number P is compiled in, so language models of one loaded model on different prompts of the same
+length (`prompt_processes`) share every compiled sampling and scoring program; prefill compiles
+once per distinct length.
 """
 
 import dataclasses
@@ -22,6 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tvjax.models.quantize import DEFAULT_GROUP_SIZE, check_group_size
 from tvjax.models.transformer import KV_CACHE_DTYPES, Segment, forward
@@ -169,10 +175,10 @@ class LanguageModel:
     first_logits: jax.Array  # float32 [V]: raw logits after the prompt
     prompt_keys: Any  # [layers, 1, P, kv_heads, head_dim] as the KV cache stores them
     prompt_values: Any
+    prompt_ids: jax.Array  # int32 [P]: the prompt's token ids (data: only P is static; see `prompt`)
     graphdef: Any  # of `state`
     base_graphdef: Any  # of `base_state`
     config: Any  # ModelConfig
-    prompt: tuple  # token ids
     n: int
     vocab_size: int
     max_support: int
@@ -183,6 +189,16 @@ class LanguageModel:
     vocab_id: Optional[str]  # the tokenizer's vocabulary hash (None without a tokenizer)
     source: Optional[str]  # the GGUF file of the weights (None: not from a GGUF file)
     eos: str = "suppress"  # "suppress": EOS ids get no mass (the paper's n tokens); "stop": a row ends at EOS
+
+    @property
+    def prompt(self):
+        """The prompt's token ids as a tuple of Python ints (host code only: not under a trace)."""
+        return tuple(np.asarray(self.prompt_ids).tolist())
+
+    @property
+    def prompt_length(self):
+        """P, the prompt's number of tokens: static (the shape of `prompt_ids`), also under a trace."""
+        return self.prompt_ids.shape[0]
 
     @property
     def suppressed_eos(self):
@@ -220,7 +236,7 @@ class LanguageModel:
         first = jnp.broadcast_to(self.first_logits, (num, 1, self.vocab_size))
         if self.n == 1:
             return first
-        P = len(self.prompt)
+        P = self.prompt_length
         shared = Segment(self.prompt_keys, self.prompt_values, jnp.ones((1, P), bool))
         rest, _ = self.forward(tokens[:, :-1], P + jnp.arange(self.n - 1), (shared,))
         return jnp.concatenate([first, rest], axis=1)
@@ -253,11 +269,18 @@ class LanguageModel:
             out = dataclasses.replace(out, max_chunk_rows=_positive_int("max_chunk_rows", changes["max_chunk_rows"]))
         return out if serving == self.serving else _served(out, serving)
 
+    def with_prompt(self, prompt_ids):
+        """The same model, weights (as served) and settings continuing other prompt token ids: only
+        the prompt cache is recomputed. For prompts of this one's length, sampling and scoring reuse
+        the programs compiled for it."""
+        ids = _check_prompt_ids([int(t) for t in prompt_ids], self.config, self.n)
+        return _prompted(self, ids)
+
 
 jax.tree_util.register_dataclass(
     LanguageModel,
-    data_fields=["state", "base_state", "first_logits", "prompt_keys", "prompt_values"],
-    meta_fields=["graphdef", "base_graphdef", "config", "prompt", "n", "vocab_size", "max_support", "sampling",
+    data_fields=["state", "base_state", "first_logits", "prompt_keys", "prompt_values", "prompt_ids"],
+    meta_fields=["graphdef", "base_graphdef", "config", "n", "vocab_size", "max_support", "sampling",
                  "eos_ids", "serving", "max_chunk_rows", "vocab_id", "source", "eos"],
 )
 
@@ -270,9 +293,16 @@ def _served(lm, serving):
     else:
         graphdef, state = serving_weights(lm.base_graphdef, lm.base_state, serving.weights, lm.config,
                                           serving.group_size, lm.source)
-    first, keys, values = prefill(graphdef, state, lm.prompt, serving)
+    first, keys, values = prefill(graphdef, state, lm.prompt_ids, serving)
     return dataclasses.replace(lm, graphdef=graphdef, state=state, serving=serving, first_logits=first,
                                prompt_keys=keys, prompt_values=values)
+
+
+def _prompted(lm, ids):
+    """lm continuing the (checked) token ids `ids` instead: its prompt cache recomputed."""
+    ids = jnp.asarray(ids, jnp.int32)
+    first, keys, values = prefill(lm.graphdef, lm.state, ids, lm.serving)
+    return dataclasses.replace(lm, prompt_ids=ids, first_logits=first, prompt_keys=keys, prompt_values=values)
 
 
 def after_eos(logprobs, stopped, eos_ids):
@@ -313,7 +343,7 @@ def decode_loop(lm, key, targets, choose):
     row's cache of x_<t, writes x_t's keys and values into slot t, and lets
     choose(key, logprobs [num, V], target [num]) -> (x_{t+1} [num], record) pick the next token
     from the sampling distribution. Returns the records, each with a leading [num, n]."""
-    P, n = len(lm.prompt), lm.n
+    P, n = lm.prompt_length, lm.n
     num = targets.shape[0]
     keys = jax.random.split(key, n)
     stopping = lm.stopping_eos
@@ -375,19 +405,7 @@ def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, 
     1 under every variant), as served."""
     config = model.config
     n = _positive_int("n", n)
-    if isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt):
-        if model.tokenizer is None:
-            raise ValueError("a text or chat prompt needs a tokenizer; this model has none: pass token ids")
-        ids = model.tokenizer.prompt_ids(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-    if not ids:
-        raise ValueError("the prompt is empty: the first token's distribution needs at least one prompt token")
-    if min(ids) < 0 or max(ids) >= config.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got {min(ids)}..{max(ids)}")
-    if len(ids) + n > config.max_positions:
-        raise ValueError(f"prompt ({len(ids)} tokens) + n ({n}) = {len(ids) + n} exceeds the model's "
-                         f"{config.max_positions} positions")
+    ids = _check_prompt_ids(_encode_prompt(model, prompt), config, n)
     if eos_ids is None:
         eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else ()
     eos_ids = tuple(sorted({int(e) for e in eos_ids}))
@@ -403,12 +421,53 @@ def language_model(model, prompt, n, *, temperature=1.0, top_k=None, top_p=1.0, 
     source = getattr(model, "source", None)
     serving = check_serving(Serving(dtype, weights, kv_cache_dtype, attention_chunk, group_size), config, source)
     graphdef, state = serving_weights(model.graphdef, model.state, weights, config, group_size, source)
-    first, keys, values = prefill(graphdef, state, ids, serving)
+    prompt_ids = jnp.asarray(ids, jnp.int32)
+    first, keys, values = prefill(graphdef, state, prompt_ids, serving)
     vocab_id = None if model.tokenizer is None else model.tokenizer.vocab_id
     suppressed = eos_ids if eos == "suppress" else ()
-    return LanguageModel(state, model.state, first, keys, values, graphdef, model.graphdef, config, tuple(ids), n,
+    return LanguageModel(state, model.state, first, keys, values, prompt_ids, graphdef, model.graphdef, config, n,
                          config.vocab_size, _max_support(sampling, config.vocab_size, suppressed), sampling, eos_ids,
                          serving, _positive_int("max_chunk_rows", max_chunk_rows), vocab_id, source, eos)
+
+
+def _encode_prompt(model, prompt):
+    """Token ids (a list of ints) of a prompt given as a string or chat messages (with the model's
+    tokenizer) or as token ids."""
+    if isinstance(prompt, (int, np.integer)) or not hasattr(prompt, "__iter__"):
+        raise TypeError(f"a prompt is a string, chat messages or token ids, got {prompt!r:.80}")
+    if isinstance(prompt, str) or any(isinstance(m, dict) for m in prompt):
+        if model.tokenizer is None:
+            raise ValueError("a text or chat prompt needs a tokenizer; this model has none: pass token ids")
+        return model.tokenizer.prompt_ids(prompt)
+    return [int(t) for t in prompt]
+
+
+def _check_prompt_ids(ids, config, n):
+    if not ids:
+        raise ValueError("the prompt is empty: the first token's distribution needs at least one prompt token")
+    if min(ids) < 0 or max(ids) >= config.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {config.vocab_size}), got {min(ids)}..{max(ids)}")
+    if len(ids) + n > config.max_positions:
+        raise ValueError(f"prompt ({len(ids)} tokens) + n ({n}) = {len(ids) + n} exceeds the model's "
+                         f"{config.max_positions} positions")
+    return ids
+
+
+def prompt_processes(loaded, prompts, n, **language_model_kwargs):
+    """One LanguageModel per prompt of `prompts` (each a string or chat messages, with the model's
+    tokenizer, or token ids; a string is encoded as it is: see `tvjax.models.pairs.chat_prompt`
+    for chat templating) over the one LoadedModel `loaded`, all with the same settings
+    (`language_model`'s keywords) and the same served weights (a quantized format is computed
+    once). Only the prompt caches differ, and the prompt ids are data: prompts of one token
+    length share every compiled sampling and scoring program; prefill compiles once per length."""
+    if isinstance(prompts, str) or not hasattr(prompts, "__iter__"):
+        raise TypeError(f"prompts must be a sequence of prompts, got {prompts!r:.80}")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty")
+    first = language_model(loaded, prompts[0], n, **language_model_kwargs)
+    rest = [_prompted(first, _check_prompt_ids(_encode_prompt(loaded, p), first.config, first.n)) for p in prompts[1:]]
+    return [first, *rest]
 
 
 def check_lm_pair(pi, mu):

@@ -11,7 +11,7 @@ probability >= 1 - delta. Nothing but samples is needed: no log-probabilities.
     result.lower_bound, result.estimate      # TV >= lower_bound at confidence 95%
 
 Modules:
-  bounds:      clopper_pearson_lower / _upper (scipy's beta quantiles), tv_lower_bound
+  (tvjax.audit.bounds: clopper_pearson_lower / _upper, tv_lower_bound, shared with the reference audit)
   samples:     TokenSamples and its sources: arrays, texts + tokenizer, processes, pools
   classifiers: NgramClassifier (hashed k-gram logistic regression), TransformerClassifier (Flax NNX)
   train:       split_sizes / split_indices / held_out_rows, distinguish, distinguish_copies (vmapped seeds)
@@ -22,7 +22,7 @@ from tvjax._extras import require
 for _package in ("flax", "optax"):
     require(_package, "models", "the trained distinguishers")
 
-from tvjax.audit.distinguish.bounds import clopper_pearson_lower, clopper_pearson_upper, tv_lower_bound
+from tvjax.audit.bounds import clopper_pearson_lower, clopper_pearson_upper, tv_lower_bound
 from tvjax.audit.distinguish.classifiers import CLASSIFIERS, NgramClassifier, TransformerClassifier, ngram_features
 from tvjax.audit.distinguish.samples import (
     ByteTokenizer,

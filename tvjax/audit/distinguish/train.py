@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from tvjax.audit.distinguish.bounds import tv_lower_bound
+from tvjax.audit.bounds import tv_lower_bound
 from tvjax.audit.distinguish.classifiers import CLASSIFIERS
 from tvjax.audit.distinguish.samples import TokenSamples, check_sample_pair, sample_pair, text_pair
 from tvjax.core.programs import jit_program
