@@ -48,12 +48,22 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server_log(tmp_path_factory):
+    """The server's log: its access lines count the requests it answered."""
+    return tmp_path_factory.mktemp("server") / "server.log"
+
+
+def chat_requests(log):
+    return log.read_text().count("POST /v1/chat/completions")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, server_log):
     python = engine_python("vllm")
     model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", eos_scale=STOP_EOS_SCALE)
     port = free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
-    env = dict(engine_env(), VLLM_CPU_KVCACHE_SPACE="1")
+    log = open(server_log, "w")
+    env = dict(engine_env(), VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")  # the log counts requests as they come
     proc = subprocess.Popen([python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                              "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
                              "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching", "--seed", "0"],
@@ -124,12 +134,12 @@ def test_openai_bridge_with_outputs_that_stop_at_eos(server, tmp_path):
     check_stopped_pool(side, "pi", ("api",))
 
 
-def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server, tmp_path):
+def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server, server_log, tmp_path):
     """`tvjax distinguish` against two text-only chat endpoints (the local server, sampling at
     temperature 1 for pi and greedily, top_k 1, for mu): chat completions without
     log-probabilities, UTF-8 bytes as tokens. Greedy decoding gives one text, so nearly every
     sampled completion differs from it: the certified bound is far above 0. A rerun reuses the
-    stored completions (no requests: it works with the server's URL unreachable)."""
+    stored completions: the same bound, and not one request reaches the server."""
     url, _ = server
     samples, record = tmp_path / "texts", tmp_path / "bound.json"
     args = ["--pi-model", "tiny", "--mu-model", "tiny", "--mu-extra", '{"top_k": 1}', "--num", "120",
@@ -142,10 +152,11 @@ def test_text_only_endpoints_give_a_certified_lower_bound_in_one_command(server,
     stored = {side: AnswerStore.open(samples / side).answers() for side in ("pi", "mu")}
     assert [len(a) for a in stored.values()] == [120, 120]
     assert len({a.text for a in stored["mu"].values()}) == 1  # greedy: one text
-    offline = "http://127.0.0.1:9/v1"  # nothing listens: only the stored completions can answer
-    again = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", offline, "--mu-url", offline, *args],
+    answered = chat_requests(server_log)
+    again = subprocess.run([sys.executable, "-m", "tvjax", "distinguish", "--pi-url", url, "--mu-url", url, *args],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and json.loads(record.read_text())["lower_bound"] == result["lower_bound"]
+    assert again.returncode == 0 and json.loads(record.read_text())["lower_bound"] == result["lower_bound"], again.stderr
+    assert chat_requests(server_log) == answered
 
 
 def test_text_only_campaign_through_the_campaign_runner(server, tmp_path):

@@ -99,3 +99,24 @@ def test_bad_input_exits_3_with_the_reason(server, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["gate", "--reference", "smollm2"])
     assert exit_info.value.code == 3 and "--endpoint" in capsys.readouterr().err
+
+
+def test_reference_continuations_take_the_text_round_trip_an_endpoint_answer_takes():
+    """A sampled special token is in an endpoint's tokens but not in its text (vLLM and the OpenAI
+    API skip special tokens): the reference's continuations lose it in the same way, so the exact
+    null holds; EOS ends the row, and a row cut at n stays cut."""
+    import numpy as np
+
+    from tvjax.audit.reference.endpoint import canonical_rows, decode_rows
+    from tvjax.models.pairs import load_model
+
+    tokenizer = load_model("smollm2").tokenizer
+    words = tokenizer.encode(" The sea is calm")
+    special = 1  # <|im_start|>
+    assert len(words) == 4 and special not in words
+    eos = 2
+    rows = np.array([[words[0], special, *words[1:], eos], [*words, *words[:2]]], np.int32)
+    texts, stopped = decode_rows(tokenizer, rows, (eos,))
+    assert texts[0] == " The sea is calm" and stopped == [True, False]
+    canonical = canonical_rows(tokenizer, 6, (eos,))(rows)
+    np.testing.assert_array_equal(canonical, [[*words, eos, eos], [*words, *words[:2]]])

@@ -44,14 +44,16 @@ def text_rows(tokenizer, texts, stopped, n, eos_ids):
 
 
 def decode_rows(tokenizer, tokens, eos_ids):
-    """(texts, stopped) of continuations tokens [N, n]: each row up to its first EOS, decoded."""
+    """(texts, stopped) of continuations tokens [N, n]: each row up to its first EOS, decoded as
+    an endpoint decodes it, special tokens left out (vLLM's and the OpenAI API's default: a
+    sampled special token is in the tokens but not in the text)."""
     tokens = np.asarray(tokens)
     lengths = np.asarray(trajectory_lengths(tokens, tuple(eos_ids)))
     texts, stopped = [], []
     for row, length in zip(tokens, lengths):
         real = [int(t) for t in row[:length]]
         stop = bool(real) and real[-1] in eos_ids
-        texts.append(tokenizer.tokenizer.decode(real[:-1] if stop else real, skip_special_tokens=False))
+        texts.append(tokenizer.tokenizer.decode(real[:-1] if stop else real, skip_special_tokens=True))
         stopped.append(stop)
     return texts, stopped
 
