@@ -3,12 +3,12 @@ a resumed run asks only for the missing ones (with the seeds a fresh run would u
 differ are refused, a torn last line is recovered and a damaged one refused, grey-box fields, and
 the answers the audit cannot use."""
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from _http import JSONHandler
 
 from tvjax.engines.answers import ANSWERS, AnswerStore, collect_answers
 from tvjax.engines.protocol import EngineError
@@ -17,25 +17,14 @@ PROMPTS = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}
 PLAN = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
 
 
-class Chat(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
+class Chat(JSONHandler):
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         srv = self.server
         with srv.lock:
             srv.seen.append(body)
             failing = srv.fail_after is not None and len(srv.seen) > srv.fail_after
-        status, reply = (400, {"error": "no"}) if failing else (200, srv.reply(body))
-        data = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(*((400, {"error": "no"}) if failing else (200, srv.reply(body))))
 
 
 def completion(body, text=None, reason="length", logprobs=True):

@@ -2,38 +2,26 @@
 retryable statuses and on a refused connection, no retry on a client error, the request budget,
 the bearer key, and kept-alive connections (one TCP connection for many requests)."""
 
-import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from _http import JSONHandler
 
 from tvjax.engines.openai_bridge import BudgetExceeded, Client
 from tvjax.engines.protocol import EngineError
 
 
-class Scripted(BaseHTTPRequestHandler):
+class Scripted(JSONHandler):
     """Answers each request with the next (status, body) of the server's script; records what it saw."""
 
-    protocol_version = "HTTP/1.1"
-
     def _answer(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
+        body = self.read_json()
         self.server.seen.append((self.command, self.path, self.headers.get("Authorization"), body, self.client_address))
-        status, reply = self.server.script.pop(0) if self.server.script else (200, {"ok": True})
-        data = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(*(self.server.script.pop(0) if self.server.script else (200, {"ok": True})))
 
     do_GET = do_POST = _answer
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

@@ -6,31 +6,21 @@ gone gives the same verdict from them; bad input exits 3 with one line saying wh
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from _http import JSONHandler
 
 from tvjax.cli import main
 
 pytestmark = pytest.mark.slow  # SmolLM2's programs compile
 
 
-class Chat(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
+class Chat(JSONHandler):
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.seen.append(body)
+        self.server.seen.append(self.read_json())
         text, reason = self.server.answer
-        data = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": reason}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(200, {"choices": [{"message": {"content": text}, "finish_reason": reason}]})
 
 
 @pytest.fixture
