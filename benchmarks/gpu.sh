@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The benchmark workloads through tvjax on a GPU machine; prints absolute throughput (queries per
-# second, wall and CPU seconds) and writes benchmarks/results-gpu.json. Needs a Python environment
-# with tvjax and a CUDA build of JAX (pip install -e . "jax[cuda12]"); PYTHON selects it.
-# Extra arguments go to run.py (e.g. --quick, --workloads multilevel).
+# The paper's GPU case study in one call, on a machine with one NVIDIA GPU, within 8 minutes: CUDA
+# JAX into .venv-gpu (reused once ready; TVJAX_WHEELHOUSE: a folder of wheels, for a machine
+# offline), the three synthetic studies, the JAX float32-vs-bfloat16 engine campaign on SmolLM2-135M
+# and, with SGLANG_PYTHON, the SGLang bridge; one JSON, benchmarks/results-gpu-case-study.json.
+#   bash benchmarks/gpu.sh [--out PATH] [--venv DIR] [--repeats R] ...   (--help lists the options)
+#   bash benchmarks/gpu.sh --dry-run    # the same steps on the CPU with .venv, at tiny sizes (CI)
+# Exit status: 0 no step failed, 1 a step failed, 2 no GPU. The steps: benchmarks/gpu_case_study.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-.venv/bin/python}
-"$PYTHON" -c "import jax, sys; sys.exit(0 if jax.default_backend() == 'gpu' else 'no GPU backend: ' + str(jax.devices()))"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # peak memory should be what the run uses, not a preallocated pool
-"$PYTHON" benchmarks/run.py --implementations tvjax --out benchmarks/results-gpu.json "$@"
+here=${BASH_SOURCE[0]%/*}
+[[ $here == "${BASH_SOURCE[0]}" ]] && here=.
+cd "$here/.."
+exec "${TVJAX_BASE_PYTHON:-python3}" benchmarks/gpu_case_study.py "$@"

