@@ -62,8 +62,7 @@ WORKERS = {"tvjax": "lm_bench_tvjax.py", "transformers": "lm_bench_transformers.
            "vllm-server": "lm_bench_vllm.py"}
 VENVS = {"transformers": (".venv-transformers", "TVJAX_TRANSFORMERS_PYTHON"), "vllm": (".venv-vllm", "TVJAX_VLLM_PYTHON"),
          "vllm-server": (".venv-vllm", "TVJAX_VLLM_PYTHON")}
-COMPARED = ("sample", "score")
-SHARED_KEYS = ("prompt_ids", "eos_ids", "gguf", "layers", "kv_width")  # from tvjax's process to the alternatives' jobs
+SHARED_KEYS = ("prompt_ids", "eos_ids", "gguf", "config")  # from tvjax's process to the alternatives' jobs
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Tell me a story about a robot learning to paint."}]
 
@@ -293,11 +292,12 @@ def print_table(rows, ratio_rows, process_rows):
         print(f"{'process':<11} {n:>4} {batch:>5} " + " ".join(fmt(process.get((n, batch, o)), ".2f", 12) + "x" for o in others))
 
 
-def engine_job(impl, base, model, n, batch, tokens, logprobs_out, shared):
-    """The job of an alternative's worker: the tokens tvjax sampled, its prompt ids and the model's shape."""
+def engine_job(impl, base, model, n, batch, tokens, logprobs_out, shared, vllm_folder):
+    """The job of an alternative's worker: the tokens tvjax sampled, its prompt ids and the model's
+    shape; for vLLM, the safetensors folder it loads and which of its front ends to run."""
     job = {**base, "model": model, "n": n, "batch": batch, "tokens": str(tokens), "logprobs_out": logprobs_out, **shared}
     if impl.startswith("vllm"):
-        job["server"] = impl == "vllm-server"
+        job.update(vllm_folder=vllm_folder, server=impl == "vllm-server")
     return job
 
 
@@ -323,7 +323,8 @@ def main(argv=None):
     runs = args.runs or (1 if args.quick else 3)
     pythons = {"tvjax": args.tvjax_python, "transformers": args.transformers_python, "vllm": args.vllm_python,
                "vllm-server": args.vllm_python}
-    needs_transformers = args.quick or any(impl.startswith("vllm") for impl in args.implementations)
+    uses_vllm = any(impl.startswith("vllm") for impl in args.implementations)
+    needs_transformers = args.quick or uses_vllm
     for impl in set(args.implementations) | ({"transformers"} if needs_transformers else set()):
         if not pythons[impl]:
             venv, variable = VENVS[impl]
@@ -334,10 +335,7 @@ def main(argv=None):
     reports, memory = [], []
     with tempfile.TemporaryDirectory() as tmp:
         model = {"folder": str(tiny_model(pythons["transformers"], tmp))} if args.quick else {"smollm2": True}
-        if any(impl.startswith("vllm") for impl in args.implementations):
-            shared_base = {"vllm_folder": model.get("folder") or str(converted_smollm2(pythons["transformers"]))}
-        else:
-            shared_base = {}
+        vllm_folder = (model.get("folder") or str(converted_smollm2(pythons["transformers"]))) if uses_vllm else None
         shared = {}  # from tvjax's first process per (n, batch): prompt ids, EOS ids, model shape; it samples the tokens
         for run in range(runs):
             for n, batch in keys:
@@ -352,10 +350,10 @@ def main(argv=None):
                                "score_topk": not args.no_score_topk, "tokens_out": str(tokens) if run == 0 else None,
                                "logprobs_out": logprobs[impl]}
                     else:
-                        job = engine_job(impl, base, model, n, batch, tokens, logprobs[impl], shared[n, batch])
+                        job = engine_job(impl, base, model, n, batch, tokens, logprobs[impl], shared[n, batch], vllm_folder)
                     report = run_worker(pythons[impl], impl, job, tmp, f"{impl}-{n}-{batch}-{run}")
                     if impl == "tvjax" and (n, batch) not in shared:
-                        shared[n, batch] = {**shared_base, **{key: report.get(key) for key in SHARED_KEYS}}
+                        shared[n, batch] = {key: report.get(key) for key in SHARED_KEYS}
                     if impl in args.implementations:
                         reports.append({**report, "impl": impl, "n": n, "batch": batch, "run": run})
                         print(f"  {impl:<12} n={n:<4} batch={batch:<4} run {run}: {report['process']['wall']:.1f} s wall",

@@ -37,12 +37,10 @@ def bench(job, started):
     # transformers' scoring is the raw log-softmax: the same model without top-k or EOS suppression
     raw = language_model(model, list(lm.prompt), n, eos_ids=(), dtype="float32")
     del model
-    c = lm.config
-    config = {field: getattr(c, field) for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+    config = {field: getattr(lm.config, field) for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                                                       "num_heads", "num_kv_heads", "head_dim")}
     report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
               "prompt_ids": list(lm.prompt), "eos_ids": list(lm.eos_ids), "gguf": gguf, "tasks": [], "config": config,
-              "layers": c.num_layers, "kv_width": c.num_kv_heads * c.head_dim,
               "runtime": f"jax {jax.__version__}, {jax.default_backend()} ({jax.device_count()} device(s))"}
     tokens, task = run_task("sample", lambda i: jax.block_until_ready(lm.sample(jax.random.key(i), batch)),
                             job["calls"], rss_bytes, timed)

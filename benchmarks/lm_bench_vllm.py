@@ -57,7 +57,8 @@ def engine_limits(job):
     """Sequence length, batch admission and KV-cache size for rows of prompt + n tokens."""
     length = len(job["prompt_ids"]) + job["n"] + 1
     max_len = -(-length // 16) * 16
-    kv_bytes = 2 * job["layers"] * job["kv_width"] * 4 * max_len * job["batch"]
+    c = job["config"]
+    kv_bytes = 2 * c["num_layers"] * c["num_kv_heads"] * c["head_dim"] * 4 * max_len * job["batch"]
     return {"max_model_len": max_len, "max_num_seqs": job["batch"], "kv_cache_gb": max(1, -(-int(1.25 * kv_bytes) // 2**30))}
 
 
