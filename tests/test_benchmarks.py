@@ -59,6 +59,27 @@ def test_quick_lm_benchmark_reports_every_implementation(tmp_path):
     assert [m["rows"] for m in report["memory_check"]] == [64, 256]
 
 
+def test_quick_lm_profile_attributes_the_time_to_tvjax_functions(tmp_path):
+    """benchmarks/lm_profile.py --quick: every traced XLA operation of sampling and scoring is
+    attributed, and the attention, weight-matmul and top-k functions are among the rows (the
+    attribution reads XLA's stack-frame tables, which would otherwise leave everything 'jax/other')."""
+    out = tmp_path / "profile.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lm_profile.py"), "--quick", "--out", str(out)], check=True,
+                   cwd=ROOT, timeout=600)
+    report = json.loads(out.read_text())
+    assert [task["task"] for task in report["tasks"]] == ["sample", "score_topk"]
+    for task in report["tasks"]:
+        functions = {name: seconds for name, seconds, _ in task["functions"]}
+        assert 0 < task["traced_s"] <= task["wall_s"]
+        assert abs(sum(share for *_, share in task["functions"]) - 1) < 1e-9
+        assert "transformer.py:Linear.__call__" in functions
+        assert {"transformer.py:attend", "transformer.py:_scores", "transformer.py:_mix"} & set(functions)
+        assert {"process.py:at_least_kth_largest", "process.py:_kth_largest_key", "process.py:_top_k_grouped"} & set(functions)
+        assert functions.get("jax/other", 0) < 0.5 * task["traced_s"]
+    sample = {name for name, *_ in report["tasks"][0]["functions"]}
+    assert "process.py:draw_token" in sample or "process.py:_pick" in sample
+
+
 def test_quick_anchor_benchmark_reports_both_sides(tmp_path):
     """benchmarks/anchors.py --quick: the paper's runners (where ../shared/anchors or $TVJAX_ANCHORS
     holds them) and tvjax's studies at the same small protocol, with tvjax's seconds broken down,

@@ -26,7 +26,17 @@ from tvjax.core.instances import enumerate_tv
 from tvjax.core.oracles import Exact, Sampler
 from tvjax.core.streaming import memory_chunk
 from tvjax.engines.models import smollm2_gguf
-from tvjax.models import ModelConfig, check_lm_pair, language_model, load_gguf, load_hf_folder, load_smollm2, random_model
+from tvjax.models import (
+    ModelConfig,
+    check_lm_pair,
+    draw_token,
+    language_model,
+    load_gguf,
+    load_hf_folder,
+    load_smollm2,
+    random_model,
+    top_k,
+)
 from tvjax.models.config import config_from_hf
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import hf_weights, save_hf_folder, split_from_hf_weights, unpermute_rope
@@ -117,7 +127,7 @@ def test_smollm2_decode_loop_agrees_with_teacher_forcing(smollm2):
     _, lm, tokens = smollm2
     rows = lm.next_token_logprobs(tokens)
     keys = jax.random.split(jax.random.key(0), SMOLLM2_N)
-    redrawn = [int(jax.random.categorical(keys[t], rows[:, t], axis=-1)[0]) for t in range(SMOLLM2_N)]
+    redrawn = [int(draw_token(keys[t], rows[:, t])[0]) for t in range(SMOLLM2_N)]
     assert redrawn == tokens[0].tolist()
 
 
@@ -388,3 +398,54 @@ def test_tie_inclusive_top_k_threshold_is_exact():
         x[1, rng.integers(0, vocab)] = -np.inf
         expected = x >= np.sort(x, axis=-1)[:, ::-1][:, k - 1:k]
         np.testing.assert_array_equal(np.asarray(threshold(jnp.asarray(x), np.int32(k))), expected)
+
+
+@pytest.mark.parametrize("vocab", [1024, 1000])  # grouped (a multiple of 64), and jax.lax.top_k's own path
+def test_grouped_top_k_is_jax_top_k(vocab):
+    """top_k (through the k groups with the largest maxima) gives jax.lax.top_k's values and ids,
+    ties in its lower-index-first order (-0.0 and +0.0 aside), -inf rows included, and the
+    threshold mask at_least_kth_largest agrees with a sort at a static k."""
+    from tvjax.models.process import at_least_kth_largest
+
+    rng = np.random.default_rng(1)
+    x = np.round(rng.normal(size=(4, 2, vocab)), 1).astype(np.float32)
+    x[1, 0, rng.integers(0, vocab, size=vocab // 2)] = -np.inf  # fewer finite entries than some k below
+    x[2, 1, :] = 0.0
+    x[2, 1, ::7] = -0.0
+    x[3, 0, vocab - 5:] = 9.0  # the largest entries all in the last group
+    for k in (1, 2, 5, 16):
+        values, ids = jax.jit(top_k, static_argnums=1)(jnp.asarray(x), k)
+        want_values, want_ids = jax.lax.top_k(jnp.asarray(x), k)
+        np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+        np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(ids), -1), np.asarray(values))
+        assert all(len(set(row)) == k for row in np.asarray(ids).reshape(-1, k).tolist())
+        same_order = np.ones(x.shape[:2], bool)
+        same_order[2, 1] = False  # -0.0 and +0.0 tie in the grouped path, not in jax.lax.top_k's order
+        np.testing.assert_array_equal(np.asarray(ids)[same_order], np.asarray(want_ids)[same_order])
+        expected = x >= np.sort(x, axis=-1)[..., ::-1][..., k - 1:k]
+        np.testing.assert_array_equal(np.asarray(jax.jit(at_least_kth_largest, static_argnums=1)(jnp.asarray(x), k)),
+                                      expected)
+
+
+@pytest.mark.parametrize("vocab", [512, 39])  # two levels (8 groups of 64), and one
+def test_draw_token_frequencies_match_the_probabilities(vocab):
+    """draw_token's frequencies over 200,000 draws match exact probabilities within 5 standard
+    errors per token, on a distribution with a zero-probability majority (top-k supports) and
+    masses from 0.3 down to 1e-3; a token of probability 0 is never drawn; a one-hot row (the pad
+    after EOS) always gives its token."""
+    rng = np.random.default_rng(2)
+    support = rng.choice(vocab, size=min(vocab // 3, 40), replace=False)
+    logits = np.full(vocab, -np.inf, np.float32)
+    logits[support] = np.log(np.geomspace(0.3, 1e-3, support.size)).astype(np.float32)
+    probs = np.exp(logits - logits[support].max())
+    probs /= probs.sum()
+    draws = 200_000
+    rows = jnp.broadcast_to(jnp.asarray(logits), (draws, vocab))
+    tokens = np.asarray(jax.jit(draw_token)(jax.random.key(3), rows))
+    counts = np.bincount(tokens, minlength=vocab)
+    assert counts[probs == 0].sum() == 0
+    se = np.sqrt(draws * probs * (1 - probs))
+    assert np.all(np.abs(counts - draws * probs) <= 5 * se + 1e-9)
+    pad = np.full((3, vocab), -np.inf, np.float32)
+    pad[:, vocab - 1] = 0.0
+    assert np.asarray(draw_token(jax.random.key(4), jnp.asarray(pad))).tolist() == [vocab - 1] * 3

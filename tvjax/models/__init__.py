@@ -26,18 +26,22 @@ from tvjax.models.process import (
     at_least_kth_largest,
     check_lm_pair,
     decode_loop,
+    draw_token,
     language_model,
     prompt_processes,
+    realized_logprobs,
+    sampling_logits,
     sampling_logprobs,
     stopped_before,
+    top_k,
 )
 from tvjax.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from tvjax.models.tokenizer import ChatTokenizer, render_chat_template, tokenizer_from_gguf
 from tvjax.models.weights import LoadedModel, load_gguf, load_hf_folder, load_smollm2, random_model, save_hf_folder
 
 __all__ = ["ModelConfig", "LanguageModel", "Sampling", "Serving", "check_lm_pair", "language_model", "prompt_processes",
-           "sampling_logprobs",
-           "at_least_kth_largest", "decode_loop", "after_eos", "stopped_before",
+           "sampling_logprobs", "sampling_logits", "realized_logprobs",
+           "at_least_kth_largest", "top_k", "draw_token", "decode_loop", "after_eos", "stopped_before",
            "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
            "ChatTokenizer", "render_chat_template", "tokenizer_from_gguf", "LoadedModel", "load_gguf", "load_hf_folder",
            "load_smollm2", "random_model", "save_hf_folder"]

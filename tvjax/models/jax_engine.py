@@ -51,7 +51,7 @@ import numpy as np
 from tvjax._extras import require
 from tvjax.engines.models import resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
-from tvjax.models import decode_loop, language_model, load_gguf, load_hf_folder, tokenizer_from_gguf
+from tvjax.models import decode_loop, draw_token, language_model, load_gguf, load_hf_folder, tokenizer_from_gguf, top_k
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import gguf_metadata
 
@@ -101,10 +101,10 @@ def _decode(lm, key, targets, width, force):
     """
 
     def record(k, logprobs, target):
-        token = target if force else jax.random.categorical(k, logprobs, axis=-1).astype(jnp.int32)
-        values, ids = jax.lax.top_k(logprobs, width)
+        token = target if force else draw_token(k, logprobs)
+        values, ids = top_k(logprobs, width)
         realized = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        return token, (token, realized, ids.astype(jnp.int32), values)
+        return token, (token, realized, ids, values)
 
     return decode_loop(lm, key, targets, record)
 
@@ -112,8 +112,8 @@ def _decode(lm, key, targets, width, force):
 @functools.partial(jax.jit, static_argnums=2)
 def _sequence(lm, tokens, width):
     logprobs = lm.next_token_logprobs(tokens)
-    values, ids = jax.lax.top_k(logprobs, width)
-    return jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0], ids.astype(jnp.int32), values
+    values, ids = top_k(logprobs, width)
+    return jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0], ids, values
 
 
 class JaxBridge:

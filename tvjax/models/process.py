@@ -103,6 +103,45 @@ def check_sampling(sampling, vocab_size):
     return Sampling(float(t), k, float(p))
 
 
+GROUP = 64  # vocabulary entries per group in `top_k`, `at_least_kth_largest` and `draw_token`
+
+
+def _group_size(vocab, k):
+    """Entries per group for the two-level top-k of k over `vocab`, or None where it does not pay:
+    k traced (a runtime value), the vocabulary not a multiple of GROUP, or the k groups it keeps
+    more than a quarter of the vocabulary."""
+    return GROUP if isinstance(k, int) and vocab % GROUP == 0 and 4 * k * GROUP <= vocab else None
+
+
+def _candidates(x, k):
+    """(candidates [..., k * GROUP], kept [..., k]): the entries of the k groups of GROUP whose
+    maxima are largest, in index order, which hold the k largest entries (a group holding one of
+    them and left out would mean k kept groups whose maxima are at least as large)."""
+    groups = x.reshape(*x.shape[:-1], -1, GROUP)
+    kept = jnp.sort(jax.lax.top_k(jnp.max(groups, axis=-1), k)[1], axis=-1)
+    candidates = jnp.take_along_axis(groups, kept[..., None], axis=-2)
+    return candidates.reshape(*x.shape[:-1], k * GROUP), kept
+
+
+def _top_k_grouped(x, k):
+    """jax.lax.top_k(x, k) over `_candidates` (ties in its order, lower index first, except that
+    -0.0 and +0.0 count as one value)."""
+    candidates, kept = _candidates(x, k)
+    values, at = jax.lax.top_k(candidates, k)
+    return values, jnp.take_along_axis(kept, at // GROUP, axis=-1) * GROUP + at % GROUP
+
+
+def top_k(x, k):
+    """(values, int32 indices) of the k largest entries along the last axis, as jax.lax.top_k
+    gives them; on a vocabulary of groups through `_top_k_grouped`, since XLA's CPU top-k (a
+    sort) over a whole 50k vocabulary costs tens of times more."""
+    if _group_size(x.shape[-1], k) is None:
+        values, index = jax.lax.top_k(x, k)
+    else:
+        values, index = _top_k_grouped(x, k)
+    return values, index.astype(jnp.int32)
+
+
 def _order_keys(x):
     """int32 keys of float32 x in the same order as the floats (sign-magnitude bits made monotonic;
     -0.0 first made +0.0, since the two compare equal)."""
@@ -110,10 +149,9 @@ def _order_keys(x):
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
 
-def at_least_kth_largest(x, k):
-    """bool [..., V]: x >= its k-th largest value along the last axis (ties included, as the
-    engines' top-k does). Bisection over the 2^32 order keys, 32 count passes: the same threshold
-    as jax.lax.top_k, which on XLA's CPU costs tens of times more on a 50k vocabulary."""
+def _kth_largest_key(x, k):
+    """The order key of the k-th largest entry: bisection over the 2^32 keys, 32 count passes (k
+    may be traced)."""
     keys = _order_keys(x)
     count = lambda t: jnp.sum(keys >= t[..., None], axis=-1)
 
@@ -126,13 +164,70 @@ def at_least_kth_largest(x, k):
 
     shape = x.shape[:-1]
     start = (jnp.full(shape, jnp.iinfo(jnp.int32).min, jnp.int32), jnp.full(shape, jnp.iinfo(jnp.int32).max, jnp.int32))
-    kth, _ = jax.lax.fori_loop(0, 32, halve, start)
-    return keys >= kth[..., None]
+    return jax.lax.fori_loop(0, 32, halve, start)[0]
+
+
+def at_least_kth_largest(x, k):
+    """bool [..., V]: x >= its k-th largest value along the last axis (ties included, as the
+    engines' top-k does; -0.0 == +0.0): a bisection for the k-th value over `_candidates` where
+    the vocabulary is in groups, else over all of x (which also takes a traced k)."""
+    if _group_size(x.shape[-1], k) is None:
+        return _order_keys(x) >= _kth_largest_key(x, k)[..., None]
+    # The bisection over the candidates only; its key back to their value, for a float compare
+    # (the int32 keys of all V entries cost more than the rest).
+    candidates, _ = _candidates(x, k)
+    above = _order_keys(candidates) >= _kth_largest_key(candidates, k)[..., None]
+    return x >= jnp.min(jnp.where(above, candidates, jnp.inf), axis=-1, keepdims=True)
+
+
+def _pick(weights, u):
+    """int32 [...]: index i of weights [..., m] >= 0 with probability weights_i / their sum, for u
+    uniform on [0, 1) [...]: the first i whose running sum exceeds u times the total. A zero weight
+    is never picked (its running sum equals its predecessor's); rounding that puts u times the
+    total at the total picks the last positive weight."""
+    running = jnp.cumsum(weights, axis=-1)
+    i = jnp.sum(running <= (u * running[..., -1])[..., None], axis=-1)
+    m = weights.shape[-1]
+    last_positive = m - 1 - jnp.argmax(jnp.flip(weights > 0, axis=-1), axis=-1)
+    return jnp.minimum(i, last_positive).astype(jnp.int32)
+
+
+def draw_token(key, logprobs):
+    """int32 [...]: one token per row of log-probabilities [..., V] (normalized or not), by
+    inversion in two levels: a group of GROUP tokens by the groups' masses, then a token within
+    it, from two uniforms per row. Exact up to float32 rounding of the sums, with V / 2 times fewer
+    random numbers than the Gumbel trick of jax.random.categorical (whose V draws per row were most
+    of a CPU decode step at large batches). Tokens of probability 0 are never drawn."""
+    V = logprobs.shape[-1]
+    u = jax.random.uniform(key, (*logprobs.shape[:-1], 2))
+    p = jnp.exp(logprobs - jnp.max(logprobs, axis=-1, keepdims=True))
+    if V % GROUP or V < 4 * GROUP:
+        return _pick(p, u[..., 0])
+    groups = p.reshape(*p.shape[:-1], V // GROUP, GROUP)
+    group = _pick(jnp.sum(groups, axis=-1), u[..., 0])
+    inside = jnp.take_along_axis(groups, group[..., None, None], axis=-2)[..., 0, :]
+    return group * GROUP + _pick(inside, u[..., 1])
 
 
 def sampling_logprobs(logits, sampling, eos_ids=()):
     """float32 [..., V] log-probabilities of the sampling distribution of raw logits [..., V]:
     EOS suppressed, / temperature, tie-inclusive top-k, tie-inclusive top-p, renormalized."""
+    return jax.nn.log_softmax(sampling_logits(logits, sampling, eos_ids), axis=-1)
+
+
+def realized_logprobs(logits, tokens, sampling, eos_ids=()):
+    """float32 [...]: sampling_logprobs(logits, ...) at tokens [...], in the same operations as
+    jax.nn.log_softmax, without the [..., V] log-probabilities (XLA fuses the shift into the
+    reduction and the gather, so scoring holds one array of logits, not three)."""
+    x = sampling_logits(logits, sampling, eos_ids)
+    shift = jnp.max(x, axis=-1)
+    realized = jnp.take_along_axis(x, tokens[..., None], axis=-1)[..., 0] - shift
+    return realized - jnp.log(jnp.sum(jnp.exp(x - shift[..., None]), axis=-1))
+
+
+def sampling_logits(logits, sampling, eos_ids=()):
+    """float32 [..., V]: raw logits [..., V] as the sampling distribution weighs them, unnormalized:
+    EOS ids and what top-k and top-p cut set to -inf, the rest / temperature."""
     x = logits.astype(jnp.float32) / sampling.temperature
     if eos_ids:
         x = x.at[..., jnp.asarray(eos_ids)].set(-jnp.inf)
@@ -145,7 +240,7 @@ def sampling_logprobs(logits, sampling, eos_ids=()):
         kept = jnp.sum(before < sampling.top_p, axis=-1, keepdims=True)
         threshold = jnp.take_along_axis(ordered, kept - 1, axis=-1)
         x = jnp.where(x >= threshold, x, -jnp.inf)
-    return jax.nn.log_softmax(x, axis=-1)
+    return x
 
 
 def _forward(graphdef, state, serving, tokens, positions, segments=()):
@@ -230,16 +325,21 @@ class LanguageModel:
         """`cache` (keys or values of `decode_cache`) with slot t set to a step's `new` ones."""
         return jax.tree.map(lambda c, x: jax.lax.dynamic_update_slice_in_dim(c, x, t, axis=2), cache, new)
 
-    def _logits(self, tokens):
-        """Raw float32 logits [num, n, V] at every prefix of tokens [num, n] (teacher forcing)."""
+    def _logit_parts(self, tokens):
+        """Raw float32 logits at every prefix of tokens [num, n] (teacher forcing), in two parts:
+        after the prompt [num, 1, V], and after x_<=t [num, n - 1, V] (one forward pass)."""
         num = tokens.shape[0]
         first = jnp.broadcast_to(self.first_logits, (num, 1, self.vocab_size))
         if self.n == 1:
-            return first
+            return (first,)
         P = self.prompt_length
         shared = Segment(self.prompt_keys, self.prompt_values, jnp.ones((1, P), bool))
         rest, _ = self.forward(tokens[:, :-1], P + jnp.arange(self.n - 1), (shared,))
-        return jnp.concatenate([first, rest], axis=1)
+        return first, rest
+
+    def _logits(self, tokens):
+        """Raw float32 logits [num, n, V] at every prefix of tokens [num, n] (teacher forcing)."""
+        return jnp.concatenate(self._logit_parts(tokens), axis=1)
 
     def next_token_logprobs(self, tokens):
         return _next_token_logprobs(self, jnp.asarray(tokens, jnp.int32))
@@ -333,8 +433,17 @@ def _next_token_logprobs(lm, tokens):
 
 @jax.jit
 def _path_logprobs(lm, tokens):
-    # Gathered inside the program: the [num, n, V] distribution never leaves it.
-    return jnp.take_along_axis(_next_token_logprobs(lm, tokens), tokens[..., None], axis=-1)[..., 0]
+    # Part by part (not the [num, n, V] concatenation of _logits): scoring holds one array of logits.
+    parts = lm._logit_parts(tokens)
+    bounds = np.cumsum([0] + [part.shape[1] for part in parts])
+    realized = jnp.concatenate([realized_logprobs(part, tokens[:, a:b], lm.sampling, lm.suppressed_eos)
+                                for part, a, b in zip(parts, bounds, bounds[1:])], axis=1)
+    stopping = lm.stopping_eos
+    if not stopping:
+        return realized
+    # after_eos at the realized tokens: past an EOS, the pad's log-probability (0 at the first EOS id)
+    pad = jnp.where(tokens == stopping[0], 0.0, -jnp.inf)
+    return jnp.where(stopped_before(tokens, stopping), pad, realized)
 
 
 def decode_loop(lm, key, targets, choose):
@@ -372,7 +481,7 @@ def decode_loop(lm, key, targets, choose):
 
 
 def _draw(key, logprobs, target):
-    token = jax.random.categorical(key, logprobs, axis=-1).astype(jnp.int32)
+    token = draw_token(key, logprobs)
     return token, token
 
 

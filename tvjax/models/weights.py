@@ -57,9 +57,11 @@ def _abstract(config):
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0))))
 
 
-def split_from_hf_weights(config, weights):
+def split_from_hf_weights(config, weights, release=False):
     """(graphdef, state) from a mapping of Hugging Face names to arrays, every shape checked.
-    Raises ValueError naming missing, mis-shaped or unexpected weights."""
+    Raises ValueError naming missing, mis-shaped or unexpected weights. release=True (a loader's
+    own dict) deletes each array from `weights` once it is copied, so the model is never held
+    twice in memory."""
     config = check_config(config)
     graphdef, abstract = _abstract(config)
     flat = traverse_util.flatten_dict(nnx.to_pure_dict(abstract))
@@ -77,8 +79,10 @@ def split_from_hf_weights(config, weights):
         if bad:
             misshaped.append(f"{', '.join(bad[:2])} (expected {expected})")
             continue
-        arrays = [jnp.asarray(weights[name]) for name in names]
-        filled[path] = jnp.stack(arrays) if path[0] == "layers" else arrays[0]
+        filled[path] = jnp.asarray(np.stack([weights[name] for name in names]) if path[0] == "layers" else weights[names[0]])
+        if release:
+            for name in names:
+                del weights[name]
     if config.tie_embeddings:
         used.add("lm_head.weight")  # some checkpoints store the tied head anyway
     unexpected = sorted(name for name in weights if name not in used and not IGNORED.match(name))
@@ -142,7 +146,7 @@ def load_hf_folder(folder):
     for path in files:
         with safe_open(str(path), framework="flax") as f:
             weights.update({name: f.get_tensor(name) for name in f.keys()})
-    graphdef, state = split_from_hf_weights(config, weights)
+    graphdef, state = split_from_hf_weights(config, weights, release=True)
     return LoadedModel(config, graphdef, state, tokenizer_from_folder(folder, hf.get("eos_token_id")))
 
 
@@ -208,7 +212,7 @@ def load_gguf(path):
     metadata = gguf_metadata(reader)
     names = {t.name for t in reader.tensors}
     config = config_from_gguf(metadata, names, len(metadata.get("tokenizer.ggml.tokens") or []))
-    graphdef, state = split_from_hf_weights(config, dequantized(reader, config))
+    graphdef, state = split_from_hf_weights(config, dequantized(reader, config), release=True)
     tokenizer = tokenizer_from_gguf(metadata) if "tokenizer.ggml.tokens" in metadata else None
     return LoadedModel(config, graphdef, state, tokenizer, str(path))
 
