@@ -196,8 +196,8 @@ def draw_token(key, logprobs):
     """int32 [...]: one token per row of log-probabilities [..., V] (normalized or not), by
     inversion in two levels: a group of GROUP tokens by the groups' masses, then a token within
     it, from two uniforms per row. Exact up to float32 rounding of the sums, with V / 2 times fewer
-    random numbers than the Gumbel trick of jax.random.categorical (whose V draws per row were most
-    of a CPU decode step at large batches). Tokens of probability 0 are never drawn."""
+    random numbers than the Gumbel trick of jax.random.categorical (whose V draws per row were a
+    tenth of a CPU decode step at batch 128). Tokens of probability 0 are never drawn."""
     V = logprobs.shape[-1]
     u = jax.random.uniform(key, (*logprobs.shape[:-1], 2))
     p = jnp.exp(logprobs - jnp.max(logprobs, axis=-1, keepdims=True))
