@@ -80,17 +80,16 @@ def instruction_functions(hlo_text):
     return out
 
 
-def op_times(trace_dir, module):
-    """{HLO instruction name: total microseconds} over the trace's events of XLA module `module`."""
+def op_times(trace_dir):
+    """{XLA module: {HLO instruction name: total microseconds}} over the trace's events."""
     (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
     with gzip.open(path) as f:
         trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    out = collections.Counter()
-    for event in events:
+    out = collections.defaultdict(collections.Counter)
+    for event in trace["traceEvents"] if isinstance(trace, dict) else trace:
         args = event.get("args") or {}
-        if event.get("ph") == "X" and args.get("hlo_module") == module and "hlo_op" in args:
-            out[args["hlo_op"]] += event.get("dur", 0.0)
+        if event.get("ph") == "X" and "hlo_module" in args and "hlo_op" in args:
+            out[args["hlo_module"]][args["hlo_op"]] += event.get("dur", 0.0)
     return out
 
 
@@ -102,9 +101,8 @@ def profile(name, jitted, args):
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
             jax.block_until_ready(jitted(*args))
         wall = time.perf_counter() - started
-        modules = {m for m in _module_names(trace_dir)}
-        module = max(modules, key=lambda m: sum(op_times(trace_dir, m).values()))
-        ops = op_times(trace_dir, module)
+        modules = op_times(trace_dir)
+    module, ops = max(modules.items(), key=lambda item: sum(item[1].values()))  # the task's program
     functions = instruction_functions(jitted.lower(*args).compile().as_text())  # the same program, compiled again
     by_function = collections.Counter()
     for op, micros in ops.items():
@@ -112,14 +110,6 @@ def profile(name, jitted, args):
     traced = sum(by_function.values())
     rows = [(fn, s, s / traced) for fn, s in by_function.most_common()]
     return {"task": name, "module": module, "wall_s": wall, "traced_s": traced, "functions": rows}
-
-
-def _module_names(trace_dir):
-    (path,) = Path(trace_dir).rglob("perfetto_trace.json.gz")
-    with gzip.open(path) as f:
-        trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return {e["args"]["hlo_module"] for e in events if e.get("ph") == "X" and "hlo_module" in (e.get("args") or {})}
 
 
 def main(argv=None):
