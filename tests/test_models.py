@@ -38,6 +38,7 @@ from tvjax.models import (
     top_k,
 )
 from tvjax.models.config import config_from_hf
+from tvjax.models.process import MAX_DECODE_BLOCKS, MIN_DECODE_BLOCK, decode_blocks
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import hf_weights, save_hf_folder, split_from_hf_weights, unpermute_rope
 
@@ -282,6 +283,32 @@ def test_greedy_decode_agrees_with_teacher_forcing():
     seqs = lm.sample(jax.random.key(12), 4)
     assert np.all(np.asarray(lm.path_logprobs(seqs)) == 0.0)
     assert len({tuple(row) for row in np.asarray(seqs).tolist()}) == 1
+
+
+def test_decode_blocks_cover_the_steps_in_order():
+    assert decode_blocks(1) == [] and decode_blocks(2) == [(0, 1)] and decode_blocks(48) == [(0, 47)]
+    assert decode_blocks(49) == [(0, 24), (24, 48)] and decode_blocks(128) == [(0, 31), (31, 63), (63, 95), (95, 127)]
+    for n in range(2, 600):
+        blocks = decode_blocks(n)
+        lengths = [b - a for a, b in blocks]
+        assert blocks[0][0] == 0 and [a for a, _ in blocks[1:]] == [b for _, b in blocks[:-1]] and sum(lengths) == n - 1
+        assert 1 <= len(blocks) <= MAX_DECODE_BLOCKS and max(lengths) - min(lengths) <= 1
+        assert len(blocks) == 1 or min(lengths) >= MIN_DECODE_BLOCK
+
+
+@pytest.mark.parametrize("n, serving", [(24, {}), (100, {}), (100, {"kv_cache_dtype": "int8", "attention_chunk": 16})])
+def test_decode_loop_draws_what_teacher_forcing_gives(n, serving):
+    """The sampled tokens are redrawn from the teacher-forced log-probs with the decode loop's
+    per-step keys: reading the cache block by block (n = 100: four blocks of 24 or 25 steps, each
+    padded to the attention chunk) gives the one-pass distribution everywhere."""
+    lm = language_model(random_model(RANDOM_CONFIGS["qwen3"], jax.random.key(11)), [3, 1, 4, 1, 5], n, top_k=5)
+    lm = lm.variant(**serving) if serving else lm
+    seqs = lm.sample(jax.random.key(12), 8)
+    rows = lm.next_token_logprobs(seqs)
+    keys = jax.random.split(jax.random.key(12), n)
+    redrawn = jax.vmap(draw_token, in_axes=(0, 1), out_axes=1)(keys, rows)
+    assert len(decode_blocks(n)) == (1 if n == 24 else 4)
+    assert np.array_equal(redrawn, np.asarray(seqs))
 
 
 def test_next_token_logprobs_are_the_sampling_distribution():

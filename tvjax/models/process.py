@@ -37,6 +37,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 # Floats of logits a chunk of rows may hold ([rows, n, V] in float32): bounds the default max_chunk_rows.
 CHUNK_LOGITS = 2**26
 MAX_CHUNK_ROWS = 256
+# The decode loop's blocks (decode_blocks): more blocks read less of the empty cache, but each one
+# compiles its own copy of the step.
+MAX_DECODE_BLOCKS = 4
+MIN_DECODE_BLOCK = 24
 
 
 class Sampling(NamedTuple):
@@ -315,9 +319,9 @@ class LanguageModel:
         of tokens [B, T] at positions [T] after `segments`, served as `self.serving`."""
         return _forward(self.graphdef, self.state, self.serving, tokens, positions, segments)
 
-    def decode_cache(self, num):
-        """An empty decode cache (keys, values) for `num` rows of n tokens, in the cache's format."""
-        empty = lambda a: jnp.zeros((a.shape[0], num, self.n, *a.shape[3:]), a.dtype)
+    def decode_cache(self, num, slots):
+        """An empty decode cache (keys, values) for `num` rows of `slots` tokens, in the cache's format."""
+        empty = lambda a: jnp.zeros((a.shape[0], num, slots, *a.shape[3:]), a.dtype)
         return jax.tree.map(empty, self.prompt_keys), jax.tree.map(empty, self.prompt_values)
 
     @staticmethod
@@ -446,12 +450,27 @@ def _path_logprobs(lm, tokens):
     return jnp.where(stopped_before(tokens, stopping), pad, realized)
 
 
+def decode_blocks(n):
+    """The decode loop's steps 0..n-2 as consecutive (start, stop) runs of near-equal length: as
+    many as fit MIN_DECODE_BLOCK steps each, at most MAX_DECODE_BLOCKS, at least one."""
+    steps = n - 1
+    if steps == 0:
+        return []
+    count = min(MAX_DECODE_BLOCKS, max(1, steps // MIN_DECODE_BLOCK))
+    bounds = [steps * i // count for i in range(count + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
 def decode_loop(lm, key, targets, choose):
     """The KV-cache decode loop of a LanguageModel over targets [num, n] (only their shape when
     the tokens are drawn): step t feeds x_t at position P + t, reading the prompt cache and the
-    row's cache of x_<t, writes x_t's keys and values into slot t, and lets
+    row's cache of x_<t, writes x_t's keys and values into the row's cache, and lets
     choose(key, logprobs [num, V], target [num]) -> (x_{t+1} [num], record) pick the next token
-    from the sampling distribution. Returns the records, each with a leading [num, n]."""
+    from the sampling distribution. Returns the records, each with a leading [num, n].
+
+    The steps run in the blocks of `decode_blocks`, each with a cache of its own length: a step
+    attends to the prompt, the finished blocks and the filled slots of its own block, so attention
+    reads about the filled prefix of the row, not all n slots."""
     P, n = lm.prompt_length, lm.n
     num = targets.shape[0]
     keys = jax.random.split(key, n)
@@ -459,25 +478,30 @@ def decode_loop(lm, key, targets, choose):
     # A row that has emitted EOS (eos="stop") is past its end: its distribution is the pad's.
     distribution = lambda logits, stopped: after_eos(sampling_logprobs(logits, lm.sampling, lm.suppressed_eos),
                                                      stopped, stopping)
-    not_yet = jnp.zeros((num,), bool)
-    token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), not_yet),
+    stopped = jnp.zeros((num,), bool)
+    token, first = choose(keys[0], distribution(jnp.broadcast_to(lm.first_logits, (num, lm.vocab_size)), stopped),
                           targets[:, 0])
-    shared = Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))
+    finished = [Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))]
+    records = [jax.tree.map(lambda f: f[:, None], first)]
+    for a, b in decode_blocks(n):
+        read = tuple(finished)
 
-    def step(carry, xs):
-        cache_k, cache_v, token, stopped = carry
-        t, k, target = xs
-        stopped = stopped | _is_eos(token, stopping)
-        own = Segment(cache_k, cache_v, (jnp.arange(n) < t)[None, :])
-        logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (shared, own))
-        cache_k, cache_v = lm.write_cache(cache_k, new_k, t), lm.write_cache(cache_v, new_v, t)
-        token, record = choose(k, distribution(logits[:, 0], stopped), target)
-        return (cache_k, cache_v, token, stopped), record
+        def step(carry, xs, a=a, b=b, read=read):
+            cache_k, cache_v, token, stopped = carry
+            t, k, target = xs
+            stopped = stopped | _is_eos(token, stopping)
+            own = Segment(cache_k, cache_v, (jnp.arange(b - a) < t - a)[None, :])
+            logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (*read, own))
+            cache_k, cache_v = lm.write_cache(cache_k, new_k, t - a), lm.write_cache(cache_v, new_v, t - a)
+            token, record = choose(k, distribution(logits[:, 0], stopped), target)
+            return (cache_k, cache_v, token, stopped), record
 
-    start = (*lm.decode_cache(num), token, not_yet)
-    _, rest = jax.lax.scan(step, start, (jnp.arange(n - 1), keys[1:], targets[:, 1:].T))
-    # rest: [n - 1, num, ...] per record; the steps go on axis 1, after the rows
-    return jax.tree.map(lambda f, r: jnp.concatenate([f[:, None], jnp.moveaxis(r, 0, 1)], axis=1), first, rest)
+        start = (*lm.decode_cache(num, b - a), token, stopped)
+        (cache_k, cache_v, token, stopped), rest = jax.lax.scan(
+            step, start, (jnp.arange(a, b), keys[1 + a:1 + b], targets[:, 1 + a:1 + b].T))
+        finished.append(Segment(cache_k, cache_v, jnp.ones((1, b - a), bool)))
+        records.append(jax.tree.map(lambda r: jnp.moveaxis(r, 0, 1), rest))  # steps after the rows
+    return jax.tree.map(lambda *parts: jnp.concatenate(parts, axis=1), *records)
 
 
 def _draw(key, logprobs, target):
