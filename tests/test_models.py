@@ -38,7 +38,7 @@ from tvjax.models import (
     top_k,
 )
 from tvjax.models.config import config_from_hf
-from tvjax.models.process import MAX_DECODE_BLOCKS, MIN_DECODE_BLOCK, decode_blocks
+from tvjax.models.process import MAX_DECODE_BLOCKS, MIN_DECODE_BLOCK, decode_blocks, in_row_chunks
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import hf_weights, save_hf_folder, split_from_hf_weights, unpermute_rope
 
@@ -309,6 +309,18 @@ def test_decode_loop_draws_what_teacher_forcing_gives(n, serving):
     redrawn = jax.vmap(draw_token, in_axes=(0, 1), out_axes=1)(keys, rows)
     assert len(decode_blocks(n)) == (1 if n == 24 else 4)
     assert np.array_equal(redrawn, np.asarray(seqs))
+
+
+def test_scoring_in_row_chunks_gives_the_one_pass_values():
+    """path_logprobs on more rows than max_chunk_rows runs chunk by chunk (10 rows in chunks of 4,
+    4 and 2 padded to 4): the values of one pass over all rows, the pad dropped."""
+    lm = language_model(random_model(RANDOM_CONFIGS["llama"], jax.random.key(2)), [1, 2, 3], 6, top_k=9, max_chunk_rows=4)
+    tokens = lm.sample(jax.random.key(3), 10)
+    chunked = np.asarray(lm.path_logprobs(tokens))
+    whole = np.asarray(lm.variant(max_chunk_rows=10).path_logprobs(tokens))
+    assert chunked.shape == (10, 6) and np.all(np.isfinite(chunked))
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5)
+    assert np.array_equal(np.asarray(in_row_chunks(lambda rows: rows * 2, jnp.arange(10), 4)), np.arange(10) * 2)
 
 
 def test_next_token_logprobs_are_the_sampling_distribution():

@@ -435,8 +435,27 @@ def _next_token_logprobs(lm, tokens):
     return after_eos(logprobs, stopped_before(tokens, lm.stopping_eos), lm.stopping_eos)
 
 
+def in_row_chunks(fn, tokens, rows):
+    """fn(tokens) for tokens [num, ...] whose outputs are [num, ...], computed at most `rows` rows at a
+    time: jax.lax.map over near-equal chunks (one compiled body, the memory of one chunk), the last
+    chunk padded with copies of row 0 and the pad dropped."""
+    num = tokens.shape[0]
+    if num <= rows:
+        return fn(tokens)
+    count = -(-num // rows)
+    size = -(-num // count)
+    padded = jnp.concatenate([tokens, jnp.broadcast_to(tokens[:1], (count * size - num, *tokens.shape[1:]))])
+    out = jax.lax.map(fn, padded.reshape(count, size, *tokens.shape[1:]))
+    return jax.tree.map(lambda o: o.reshape(count * size, *o.shape[2:])[:num], out)
+
+
 @jax.jit
 def _path_logprobs(lm, tokens):
+    # max_chunk_rows rows at a time: a direct call on a large batch holds one chunk's logits.
+    return in_row_chunks(functools.partial(_path_logprobs_rows, lm), tokens, lm.max_chunk_rows)
+
+
+def _path_logprobs_rows(lm, tokens):
     # Part by part (not the [num, n, V] concatenation of _logits): scoring holds one array of logits.
     parts = lm._logit_parts(tokens)
     bounds = np.cumsum([0] + [part.shape[1] for part in parts])
