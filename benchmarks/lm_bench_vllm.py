@@ -113,7 +113,8 @@ class Server:
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name",
              SERVED, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
              "--max-model-len", str(limits["max_model_len"]), "--max-num-seqs", str(limits["max_num_seqs"]),
-             "--disable-log-stats", *(["--enforce-eager"] if job.get("enforce_eager") else [])], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+             "--disable-log-stats", *(["--enforce-eager"] if job.get("enforce_eager") else [])],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid, self.url = self.proc.pid, f"http://127.0.0.1:{port}/v1"
         self._wait_ready(log_path)
         self.client = httpx.Client(timeout=3600, limits=httpx.Limits(max_connections=job["batch"]))
