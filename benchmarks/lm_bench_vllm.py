@@ -10,8 +10,8 @@ vLLM runs as a user would run it for throughput: its defaults (V1 engine core in
 prefix caching on, which shares the prompt's cache across rows as tvjax does), float32, one
 engine seed and no per-request seeds (per-request generators sample row by row), and every row of
 a batch admitted at once (max_num_seqs = batch). JOB["enforce_eager"] (set by `--quick`) skips
-vLLM's graph compilation, which is most of a tiny model's start-up; the measured runs keep it. Sampling: exactly n tokens past EOS
-(ignore_eos), top-k at temperature 1. Scoring: the prompt log-probabilities of prompt +
+vLLM's graph compilation, which is most of a tiny model's start-up; the measured runs keep it.
+Sampling: exactly n tokens past EOS (ignore_eos), top-k at temperature 1. Scoring: the prompt log-probabilities of prompt +
 continuation (`prompt_logprobs=0`, raw log-softmax: vLLM's default logprobs mode), one token
 generated. Peak memory is the whole process tree's (the engine core is a child process): the sum
 of each process's high-water mark, an upper bound of the simultaneous peak.

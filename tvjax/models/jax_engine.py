@@ -52,6 +52,7 @@ from tvjax._extras import require
 from tvjax.engines.models import resolve
 from tvjax.engines.protocol import EngineError, Sampled, Scored, check_replayed, collect_sampled, eos_policy
 from tvjax.models import decode_loop, draw_token, language_model, load_gguf, load_hf_folder, tokenizer_from_gguf, top_k
+from tvjax.models.process import in_row_chunks
 from tvjax.models.tokenizer import tokenizer_from_folder
 from tvjax.models.weights import gguf_metadata
 
@@ -111,9 +112,12 @@ def _decode(lm, key, targets, width, force):
 
 @functools.partial(jax.jit, static_argnums=2)
 def _sequence(lm, tokens, width):
-    logprobs = lm.next_token_logprobs(tokens)
-    values, ids = top_k(logprobs, width)
-    return jnp.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0], ids, values
+    def readout(rows):
+        logprobs = lm.next_token_logprobs(rows)
+        values, ids = top_k(logprobs, width)
+        return jnp.take_along_axis(logprobs, rows[..., None], axis=-1)[..., 0], ids, values
+
+    return in_row_chunks(readout, tokens, lm.max_chunk_rows)  # one chunk's [rows, n, V] at a time
 
 
 class JaxBridge:
@@ -167,12 +171,10 @@ class JaxBridge:
         return Scored(np.asarray(realized, np.float32), np.asarray(ids, np.int32), np.asarray(values, np.float32))
 
     def sequence_score(self, prompt_ids, tokens) -> Scored:
-        """Second, non-default scorer: one teacher-forced pass per chunk of rows (the prefill path)."""
+        """Second, non-default scorer: one teacher-forced pass per chunk of max_chunk_rows rows (the prefill path)."""
         targets = self._targets(tokens)
         lm = self.language_model(prompt_ids, targets.shape[1])
-        rows = lm.max_chunk_rows
-        parts = [_sequence(lm, targets[i:i + rows], self.width) for i in range(0, targets.shape[0], rows)]
-        realized, ids, values = (np.concatenate([np.asarray(p[c]) for p in parts]) for c in range(3))
+        realized, ids, values = (np.asarray(a) for a in _sequence(lm, targets, self.width))
         return Scored(realized.astype(np.float32), ids.astype(np.int32), values.astype(np.float32))
 
     def describe(self) -> dict:

@@ -503,14 +503,12 @@ def decode_loop(lm, key, targets, choose):
     finished = [Segment(lm.prompt_keys, lm.prompt_values, jnp.ones((1, P), bool))]
     records = [jax.tree.map(lambda f: f[:, None], first)]
     for a, b in decode_blocks(n):
-        read = tuple(finished)
-
-        def step(carry, xs, a=a, b=b, read=read):
+        def step(carry, xs, a=a, b=b):  # traced by the scan below, before `finished` grows
             cache_k, cache_v, token, stopped = carry
             t, k, target = xs
             stopped = stopped | _is_eos(token, stopping)
             own = Segment(cache_k, cache_v, (jnp.arange(b - a) < t - a)[None, :])
-            logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (*read, own))
+            logits, (new_k, new_v) = lm.forward(token[:, None], (P + t)[None], (*finished, own))
             cache_k, cache_v = lm.write_cache(cache_k, new_k, t - a), lm.write_cache(cache_v, new_v, t - a)
             token, record = choose(k, distribution(logits[:, 0], stopped), target)
             return (cache_k, cache_v, token, stopped), record
