@@ -77,15 +77,17 @@ _PEAK_BEFORE_RESETS = [0]
 def reset_peak():
     """Reset this process's resident high-water mark (VmHWM) to its current RSS (Linux >= 4.0),
     remembering the mark it had (the reset lowers getrusage's ru_maxrss too: see `process_peak`).
-    False where the kernel refuses: then only the whole-process peak is known."""
+    Returns the mark just after the reset, the base of a task's working memory (an RSS read before
+    the reset can be higher: XLA frees the last call's buffers asynchronously); None where the
+    kernel refuses: then only the whole-process peak is known."""
     mark = hwm_bytes()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
-        return False
+        return None
     _PEAK_BEFORE_RESETS[0] = max(_PEAK_BEFORE_RESETS[0], mark)
-    return True
+    return hwm_bytes()
 
 
 def process_peak(peak_rss_bytes):
@@ -106,10 +108,10 @@ def run_task(name, call, calls, rss_bytes, timed):
     """Time `call(i)` (i = 0 first, then 1..calls) and the task's working memory. Returns (the
     first call's output, its report). `rss_bytes` and `timed` are benchmarks/measure.py's."""
     rss = rss_bytes()
-    resettable = reset_peak()
+    base = reset_peak()
     out, first = timed(call, 0)
     steady = [timed(call, i)[1] for i in range(1, calls + 1)]
-    working = hwm_bytes() - rss if resettable else None
+    working = None if base is None else hwm_bytes() - base
     wall = statistics.median(t["wall"] for t in steady)
     return out, {"task": name, "first": first, "steady": steady, "steady_wall": wall,
                  "compile_s": first["wall"] - wall, "rss_before": rss, "working_bytes": working}

@@ -75,10 +75,10 @@ def memory(job, started):
     del model
     report = {"setup_s": time.perf_counter() - started, "rss_after_setup": rss_bytes(), "setup_hwm": hwm_bytes(),
               "rows": job["rows"], "n": job["n"], "chunk_rows": stream_chunk(pi, Exact(), np.asarray([job["rows"]]))}
-    rss, resettable = rss_bytes(), reset_peak()
+    base = reset_peak()
     estimate, report["call"] = timed(
         lambda: jax.block_until_ready(likelihood_ratio(jax.random.key(0), pi, mu, Exact(), Samples(job["rows"]))))
-    report["working_bytes"] = hwm_bytes() - rss if resettable else None
+    report["working_bytes"] = None if base is None else hwm_bytes() - base
     report["estimate"] = float(estimate.value)
     return report
 
