@@ -419,7 +419,7 @@ def main(argv=None):
     write_json(args.out, results)
     print("tokens/s: batch x n / median steady seconds; compile s (tvjax): first call - median; process s: the whole "
           "worker process (start, imports, load, every task); peak MiB: the process's peak RSS (vLLM: its process tree's); "
-          "work MiB: the task's high-water mark above the RSS at its start")
+          "work MiB: the task's high-water mark above the resident size at its reset")
     print(f"wrote {args.out}")
 
 
