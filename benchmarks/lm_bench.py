@@ -90,6 +90,11 @@ def reset_peak():
     return hwm_bytes()
 
 
+def working_bytes(base):
+    """The high-water mark above `base` (`reset_peak`'s return), or None where the mark was not reset."""
+    return None if base is None else hwm_bytes() - base
+
+
 def process_peak(peak_rss_bytes):
     """The whole process's peak RSS, across `reset_peak`s (`peak_rss_bytes` is measure.py's)."""
     return max(_PEAK_BEFORE_RESETS[0], peak_rss_bytes(), hwm_bytes())
@@ -111,7 +116,7 @@ def run_task(name, call, calls, rss_bytes, timed):
     base = reset_peak()
     out, first = timed(call, 0)
     steady = [timed(call, i)[1] for i in range(1, calls + 1)]
-    working = None if base is None else hwm_bytes() - base
+    working = working_bytes(base)
     wall = statistics.median(t["wall"] for t in steady)
     return out, {"task": name, "first": first, "steady": steady, "steady_wall": wall,
                  "compile_s": first["wall"] - wall, "rss_before": rss, "working_bytes": working}

@@ -13,7 +13,7 @@ import time
 
 import jax
 import numpy as np
-from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, write_json
+from lm_bench import hwm_bytes, process_peak, reset_peak, run_task, working_bytes, write_json
 
 from tvjax.core.programs import enable_compilation_cache
 from tvjax.models import language_model, load_hf_folder, load_smollm2
@@ -78,7 +78,7 @@ def memory(job, started):
     base = reset_peak()
     estimate, report["call"] = timed(
         lambda: jax.block_until_ready(likelihood_ratio(jax.random.key(0), pi, mu, Exact(), Samples(job["rows"]))))
-    report["working_bytes"] = None if base is None else hwm_bytes() - base
+    report["working_bytes"] = working_bytes(base)
     report["estimate"] = float(estimate.value)
     return report
 
